@@ -1,0 +1,112 @@
+"""The ``criogenai`` command: ``worker`` runs a Celery worker for tool modules; ``demo`` runs a turn."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from ._config import Settings
+from ._errors import ConfigurationError
+
+POOLS = ("prefork", "threads")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from .tools import ToolRegistry
+    from .worker import create_app
+
+    settings = Settings.from_env()
+    if settings.embedded:
+        raise ConfigurationError("a worker needs a broker: set CRIOGENAI_BROKER_URL=redis://...")
+    modules = [m for group in args.tools for m in group.split(",") if m]
+    registry = ToolRegistry.from_modules(modules)
+    os.environ["CRIOGENAI_TOOLS"] = ",".join(modules)
+    queues = args.queues or ",".join(sorted({t.queue for t in registry}))
+    app = create_app(settings, registry)
+    argv = [
+        "worker",
+        f"--pool={args.pool}",
+        f"--queues={queues}",
+        f"--loglevel={args.loglevel}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if args.concurrency:
+        argv.append(f"--concurrency={args.concurrency}")
+    if args.hostname:
+        argv.append(f"--hostname={args.hostname}")
+    if args.events:
+        argv.append("--task-events")
+    app.worker_main(argv)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ._wire import ToolCall
+    from .dispatcher import Dispatcher
+    from .tools import ToolRegistry
+
+    registry = ToolRegistry.from_modules([args.tools])
+    calls = [
+        ToolCall(id="call_1", name="get_lab_result", arguments={"test_id": "LAB-12345"}),
+        ToolCall(id="call_2", name="get_lab_result", arguments={"test_id": "12345"}),
+        ToolCall(
+            id="call_3",
+            name="schedule_visit",
+            arguments={"patient_ref": "P-1", "kind": "home", "slots": ["2026-12-03T09:00"]},
+        ),
+        ToolCall(
+            id="call_4",
+            name="schedule_visit",
+            arguments={"patient_ref": "P-1", "kind": "spa", "slots": [], "colour": "red"},
+        ),
+        ToolCall(id="call_5", name="send_message", arguments={"text": "Visit booked for P-1."}),
+        ToolCall(id="call_6", name="refund_order", arguments={"order": "A-1"}),
+    ]
+    with Dispatcher(registry) as dispatcher:
+        where = "embedded engine" if dispatcher.settings.embedded else dispatcher.settings.broker_url
+        print(f"Running a turn of {len(calls)} calls on the {where}:\n")
+        for call, result in zip(calls, dispatcher.run_turn_sync(calls), strict=True):
+            print(f"{call.id} {call.name}({json.dumps(call.arguments)})")
+            print(f"  -> {result.status}: {result.content}\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # tool modules named relative to where the command runs
+    parser = argparse.ArgumentParser(prog="criogenai", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="run a Celery worker that serves tool modules")
+    w.add_argument(
+        "--tools",
+        action="append",
+        required=True,
+        metavar="MODULE",
+        help="a module of @tool functions (repeat, or separate with commas)",
+    )
+    w.add_argument("--concurrency", "-c", type=int, default=0)
+    w.add_argument(
+        "--pool",
+        "-P",
+        choices=POOLS,
+        default="prefork",
+        help="prefork enforces hard time limits; threads cannot kill a sync tool",
+    )
+    w.add_argument("--queues", "-Q", default="", help="comma-separated; default: the tools' queues")
+    w.add_argument("--loglevel", "-l", default="INFO")
+    w.add_argument("--hostname", "-n", default="")
+    w.add_argument("--events", "-E", action="store_true", help="send task events (for Flower)")
+    w.set_defaults(func=_worker)
+    d = sub.add_parser("demo", help="run a turn of the clinic tools (embedded without a broker)")
+    d.add_argument("--tools", default="examples.clinic")
+    d.set_defaults(func=_demo)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigurationError as exc:
+        print(f"criogenai: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,125 @@
+"""Settings, retry policy and limits: value objects with their defaults in one place."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ._errors import ConfigurationError
+
+DEFAULT_TOOL_TIMEOUT_SECS = 60.0
+DEFAULT_MAX_RESULT_CHARS = 100_000
+DEFAULT_RETENTION_SECS = 7 * 24 * 3600
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Retry(_Value):
+    """How read-only and idempotent tools are retried after ``ToolError(retryable=True)`` or a timeout.
+
+    The default is the Tools page's: 3 attempts, waiting 0.5 s, then 1 s, with jitter. Other tools
+    are never retried, whatever this says.
+    """
+
+    max_attempts: int = Field(3, ge=1, le=20)
+    initial_backoff: float = Field(0.5, ge=0, le=60)
+    max_backoff: float = Field(30.0, ge=0, le=120)
+    """Kept well below the broker's visibility timeout: a retry waits in a worker as an ETA message."""
+    jitter: float = Field(0.25, ge=0, le=1)
+    """Each wait is multiplied by a random factor in [1 - jitter, 1 + jitter]."""
+
+
+def backoff_secs(
+    attempt: int, *, initial: float, maximum: float, jitter: float, rng: random.Random | None = None
+) -> float:
+    """The wait before run ``attempt + 1`` after run ``attempt`` failed: initial * 2^(attempt-1), jittered."""
+    base = min(maximum, initial * 2.0 ** max(0, attempt - 1))
+    factor = 1.0 + float((rng or random).uniform(-jitter, jitter))
+    return max(0.0, base * factor)
+
+
+class Limits(_Value):
+    """Bounds on a turn. ``limits={"tool_timeout_secs": 20}`` works wherever Limits does."""
+
+    tool_timeout_secs: float = Field(DEFAULT_TOOL_TIMEOUT_SECS, gt=0, le=24 * 3600)
+    """Each call's time limit; a tool's own ``timeout_secs`` overrides it."""
+    max_result_chars: int = Field(DEFAULT_MAX_RESULT_CHARS, gt=0)
+    queue_wait_secs: float = Field(300.0, gt=0)
+    """How long a call may wait for a free worker before it ends ``not_started``."""
+    no_worker_secs: float = Field(5.0, gt=0)
+    """With no live worker on a call's queue, how long to wait for one before giving up."""
+    max_calls_per_turn: int = Field(128, ge=1)
+    max_argument_bytes: int = Field(256 * 1024, ge=1)
+
+    @classmethod
+    def coerce(cls, value: Limits | Mapping[str, Any] | None) -> Limits:
+        if value is None:
+            return cls()
+        if isinstance(value, Limits):
+            return value
+        try:
+            return cls(**dict(value))
+        except ValidationError as exc:
+            raise ConfigurationError(f"invalid limits: {exc}") from exc
+
+
+class Settings(_Value):
+    """Where the fleet is and how it behaves. ``Settings.from_env()`` reads ``CRIOGENAI_*``.
+
+    With no broker URL the engine is embedded: one process, kombu's in-memory transport.
+    """
+
+    broker_url: str | None = None
+    result_backend: str | None = None
+    """Defaults to the broker URL when that is Redis."""
+    redis_url: str | None = None
+    """Where the ledger (claims, results, workers) lives; defaults to the result backend."""
+    key_prefix: str = "crg"
+    lease_secs: float = Field(10.0, ge=1, le=600)
+    """A running call's claim lives this long unless its worker renews it: the redelivery bound."""
+    retention_secs: int = Field(DEFAULT_RETENTION_SECS, ge=60)
+    """How long finished results are kept under their run."""
+    visibility_timeout_secs: int = Field(3600, ge=60)
+    """The Redis transport's redelivery backstop; criogenai's lease recovers calls much sooner."""
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Settings:
+        backend = self.result_backend
+        if backend is None and self.broker_url and self.broker_url.startswith(("redis", "rediss")):
+            backend = self.broker_url
+        redis_url = self.redis_url or backend
+        object.__setattr__(self, "result_backend", backend)
+        object.__setattr__(self, "redis_url", redis_url)
+        if self.broker_url and not redis_url:
+            raise ConfigurationError(
+                "a Redis URL is needed for results: set CRIOGENAI_RESULT_BACKEND=redis://..."
+            )
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        return not self.broker_url
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {
+            "broker_url": env.get("CRIOGENAI_BROKER_URL") or None,
+            "result_backend": env.get("CRIOGENAI_RESULT_BACKEND") or None,
+            "redis_url": env.get("CRIOGENAI_REDIS_URL") or None,
+        }
+        for field in ("key_prefix", "lease_secs", "retention_secs", "visibility_timeout_secs"):
+            raw = env.get(f"CRIOGENAI_{field.upper()}")
+            if raw:
+                values[field] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigurationError(f"invalid settings: {exc}") from exc

@@ -1,0 +1,70 @@
+"""Exceptions, in three families.
+
+ToolError                  raised by a tool's author; its message goes to the model
+CriogenaiError             raised by criogenai to programmers
+├── ToolDefinitionError    also a TypeError: a tool cannot be defined as written
+├── ConfigurationError     also a ValueError: a setting is wrong
+└── ToolFailed             a call failed under on_tool_exception="fail"; __cause__ is RemoteToolException
+
+RemoteToolException        stands in for an exception raised in a worker process
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._wire import ToolResult
+
+
+class ToolError(Exception):
+    """A failure the model can act on; its message is sent to the model as the tool's result.
+
+    ``retryable=True`` says calling again may work: read-only and idempotent tools are then
+    retried by the engine before the model sees the error.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+class CriogenaiError(Exception):
+    """Base of the errors criogenai raises to programmers."""
+
+
+class ToolDefinitionError(CriogenaiError, TypeError):
+    """A tool cannot be defined as written (an unsupported hint, a bad name, a bad schema)."""
+
+
+class ConfigurationError(CriogenaiError, ValueError):
+    """A setting is missing or inconsistent."""
+
+
+class RemoteToolException(Exception):
+    """An exception raised by a tool in a worker, carried back as its type, message and traceback."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}\n\nRemote traceback:\n{self.traceback_text}"
+
+
+class ToolFailed(CriogenaiError):
+    """A tool raised an unexpected exception under ``on_tool_exception="fail"``: the run fails.
+
+    ``code`` is ``"tool_failed"``; ``result`` is the failed call's result (its artifact holds the
+    exception), and ``results`` every result of the turn, so finished calls are not lost.
+    """
+
+    code = "tool_failed"
+
+    def __init__(self, message: str, *, result: ToolResult, results: list[ToolResult]) -> None:
+        super().__init__(message)
+        self.result = result
+        self.results = results

@@ -1,0 +1,51 @@
+"""Names shared by the dispatcher and the worker: the Celery task, the queue, the Redis keys.
+
+Every key of one run carries the run id in a hash tag (``{...}``), so a run's keys stay in one
+Redis Cluster slot and the ledger's scripts stay valid there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+TASK_NAME = "criogenai.call"
+DEFAULT_QUEUE = "criogenai"
+MAX_LOST_RUNS = 2
+"""Runs of one call that may die with their process before the call ends ``lost``."""
+
+
+def task_id(run_id: str, call_id: str) -> str:
+    """The Celery task id of a call: the same for the same (run, call), on every dispatch."""
+    digest = hashlib.sha256(f"{len(run_id)}:{run_id}:{call_id}".encode()).hexdigest()[:32]
+    return f"crg-{digest}"
+
+
+class Keys:
+    """Redis key names under one prefix."""
+
+    def __init__(self, prefix: str = "crg") -> None:
+        self.prefix = prefix
+
+    def results(self, run_id: str) -> str:
+        """Hash: call id → ToolResult JSON of every finished call of the run."""
+        return f"{self.prefix}:{{{run_id}}}:results"
+
+    def failed(self, run_id: str) -> str:
+        """Hash: call id → ToolResult JSON of calls that failed the run (``fail``); they may run again."""
+        return f"{self.prefix}:{{{run_id}}}:failed"
+
+    def claim(self, run_id: str, call_id: str) -> str:
+        """String ``run:<token>`` (a worker runs it) or ``wait:<n>`` (a retry is due), with a lease TTL."""
+        return f"{self.prefix}:{{{run_id}}}:claim:{call_id}"
+
+    def starts(self, run_id: str, call_id: str) -> str:
+        """Counter of runs started for the call."""
+        return f"{self.prefix}:{{{run_id}}}:starts:{call_id}"
+
+    def reply(self, dispatcher_id: str) -> str:
+        """List a dispatcher waits on: the results of the calls it published."""
+        return f"{self.prefix}:reply:{dispatcher_id}"
+
+    def workers(self, queue: str) -> str:
+        """Sorted set: worker name → time of its last heartbeat, for one queue."""
+        return f"{self.prefix}:workers:{queue}"

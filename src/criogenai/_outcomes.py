@@ -1,0 +1,58 @@
+"""What a call's outcome looks like to the model: the text for each status, in one place.
+
+The worker and the dispatcher both build outcomes (the dispatcher for calls it refuses or gives
+up on), so the wording the model reads is the same wherever a call ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ._wire import OnToolException, ToolStatus
+
+log = logging.getLogger(__name__)
+
+GENERIC_FAILURE = "The tool failed with an internal error. Its details are not available to you."
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one run of a call gave. ``retryable``: running it again may give something better."""
+
+    status: ToolStatus
+    content: str
+    artifact: dict[str, Any] | None = None
+    truncated: bool = False
+    retryable: bool = False
+    duration_secs: float = 0.0
+
+
+def invalid_arguments(name: str, problems: list[str]) -> Outcome:
+    text = f"Invalid arguments for tool {name!r}:\n" + "\n".join(f"- {p}" for p in problems)
+    return Outcome("invalid_arguments", text, {"problems": list(problems)})
+
+
+def timed_out(name: str, timeout_secs: float, duration: float, *, stopped: bool = False) -> Outcome:
+    how = " and was stopped" if stopped else ""
+    return Outcome(
+        "timeout",
+        f"Tool {name!r} did not finish within {timeout_secs:g} s{how}.",
+        retryable=True,
+        duration_secs=duration,
+    )
+
+
+def unexpected(name: str, exc: BaseException, policy: OnToolException, duration: float) -> Outcome:
+    """An exception the tool did not mean for the model: shown or hidden as the policy says."""
+    details = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    shown = f"{details['type']}: {details['message']}"
+    content = shown if policy == "return_to_model" else GENERIC_FAILURE
+    log.info("tool %s raised %s", name, details["type"])
+    return Outcome("exception", content, {"exception": details}, duration_secs=duration)

@@ -1,0 +1,95 @@
+"""The data that crosses processes: versioned, frozen pydantic models.
+
+The dispatcher and the worker share nothing else but these models, the key names in ``_keys`` and
+the tool definitions. Every model carries ``v`` so that a fleet in the middle of a rolling upgrade
+can refuse what it does not understand instead of misreading it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+WIRE_VERSION: Literal[1] = 1
+
+ToolStatus = Literal[
+    "ok",
+    "invalid_arguments",
+    "unknown_tool",
+    "tool_error",
+    "timeout",
+    "exception",
+    "lost",
+    "not_started",
+]
+"""What happened to a call.
+
+- ``ok``: the tool returned; ``content`` is its result as JSON text (a string result as is).
+- ``invalid_arguments`` / ``unknown_tool``: refused before any code ran.
+- ``tool_error``: the tool raised ``ToolError``; ``content`` is its message.
+- ``timeout``: the call ran past its time limit (on every attempt it was allowed).
+- ``exception``: an unexpected exception, shown or hidden as ``on_tool_exception`` says.
+- ``lost``: the call started but its worker died too often, or its result never came back.
+- ``not_started``: no worker picked the call up in time; it will not run later.
+"""
+
+OnToolException = Literal["return_to_model", "return_generic", "fail"]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCall(_Wire):
+    """One call the model asked for: its id, the tool's name and the arguments as the model sent them."""
+
+    v: Literal[1] = WIRE_VERSION
+    id: str = Field(min_length=1, max_length=256)
+    name: str
+    arguments: Any = Field(default_factory=dict)
+    """Usually a dict; anything else is reported as ``invalid_arguments``, never raised."""
+
+
+class ToolResult(_Wire):
+    """The outcome of one call. ``content`` is exactly what the model is sent."""
+
+    v: Literal[1] = WIRE_VERSION
+    call_id: str
+    name: str
+    run_id: str = ""
+    status: ToolStatus
+    content: str
+    """The text the model reads; never holds what ``return_generic`` hides."""
+    artifact: dict[str, JsonValue] | None = None
+    """Kept with the run (problems, exception details, the full value), never sent to a model."""
+    attempts: int = 0
+    """How many times the tool's code started running for this call (0: it never ran)."""
+    truncated: bool = False
+    """``content`` was cut to the size limit."""
+    duration_secs: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the tool returned a value."""
+        return self.status == "ok"
+
+
+class ToolTask(_Wire):
+    """The body of a Celery task: one validated call and the policy its worker applies to it."""
+
+    v: Literal[1] = WIRE_VERSION
+    run_id: str
+    call: ToolCall
+    timeout_secs: float = Field(gt=0)
+    max_attempts: int = Field(ge=1)
+    """Runs allowed for this call; 1 unless the tool is read-only or idempotent."""
+    initial_backoff_secs: float = Field(ge=0)
+    max_backoff_secs: float = Field(ge=0)
+    jitter: float = Field(ge=0, le=1)
+    on_tool_exception: OnToolException
+    max_result_chars: int = Field(gt=0)
+    reply_to: str | None = None
+    """The Redis list the dispatcher waits on; None when nobody waits (a re-drive after a crash)."""
+    deadline: float
+    """Unix time after which the call must not start: the dispatcher has given up on it."""

@@ -1,0 +1,168 @@
+"""Dispatcher: validates a turn's calls, fans the valid ones out as Celery tasks, gathers results."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .._config import Limits, Retry, Settings
+from .._errors import ConfigurationError, RemoteToolException, ToolFailed
+from .._message import hard_limit_secs
+from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
+from ..tools import Tool, ToolRegistry
+from ..worker._app import create_app, make_ledger
+from ..worker._ledger import Ledger
+from ._embedded import EmbeddedWorker
+from ._engine import Engine, Send
+from ._validate import ValidCall, check_turn, coerce_calls
+
+CallLike = ToolCall | Mapping[str, Any]
+
+
+class Dispatcher:
+    """Runs turns of tool calls on a Celery fleet (or, with no broker configured, in-process).
+
+    ``run_turn`` returns one ToolResult per call, in the order of the calls. Calls are validated
+    here first: ``unknown_tool`` and ``invalid_arguments`` never reach a worker.
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Tool[..., Any]] | ToolRegistry,
+        *,
+        tool_retry: Retry | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        on_tool_exception: OnToolException = "return_to_model",
+        broker_url: str | None = None,
+        result_backend: str | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        if on_tool_exception not in ("return_to_model", "return_generic", "fail"):
+            raise ConfigurationError(
+                f"on_tool_exception must be 'return_to_model', 'return_generic' or 'fail', "
+                f"not {on_tool_exception!r}"
+            )
+        self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        self.retry = tool_retry or Retry()
+        self.limits = Limits.coerce(limits)
+        self.on_tool_exception: OnToolException = on_tool_exception
+        self.settings = settings or Settings.from_env(broker_url=broker_url, result_backend=result_backend)
+        self._check_limits()
+        self._engine: Engine | None = None
+        self._embedded: EmbeddedWorker | None = None
+        self._lock = threading.Lock()
+
+    def _check_limits(self) -> None:
+        """A call must end well within the broker's visibility timeout, or it gets a twin."""
+        for t in [None, *self.registry]:
+            timeout = t.timeout_secs if t and t.timeout_secs else self.limits.tool_timeout_secs
+            worst = hard_limit_secs(timeout) + self.retry.max_backoff + 60
+            if worst >= self.settings.visibility_timeout_secs:
+                name = f"tool {t.name!r}" if t else "tool_timeout_secs"
+                raise ConfigurationError(
+                    f"{name}: a {timeout:g} s limit needs visibility_timeout_secs above {worst:g}"
+                )
+
+    # -- the engine, started on first use ---------------------------------------------------------
+
+    def _start(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                if self.settings.embedded:
+                    ledger: Ledger = make_ledger(self.settings)
+                    app = create_app(self.settings, self.registry, ledger)
+                    app.conf.broker_transport_options = {"polling_interval": 0.002}
+                    app.conf.worker_enable_remote_control = False
+                    self._embedded = EmbeddedWorker(app)
+                    self._embedded.start()
+                else:
+                    ledger = make_ledger(self.settings)
+                    app = create_app(self.settings)
+                self._engine = Engine(app, ledger, self.limits, prefix=self.settings.key_prefix)
+            return self._engine
+
+    def close(self) -> None:
+        """Stop the dispatcher's threads (and the embedded worker). Idempotent."""
+        with self._lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+            if self._embedded is not None:
+                self._embedded.stop()
+                self._embedded = None
+
+    def __enter__(self) -> Dispatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- turns ------------------------------------------------------------------------------------
+
+    async def run_turn(self, calls: Sequence[CallLike], *, run_id: str | None = None) -> list[ToolResult]:
+        """Run one turn's calls concurrently on the fleet; one result per call, in order.
+
+        Passing the ``run_id`` of an earlier attempt returns its finished calls' stored results
+        without running them again. Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
+        """
+        ordered, rid, sends, done, check = self._prepare(calls, run_id)
+        future = self._start().submit(rid, sends, check_finished=check)
+        gathered = await asyncio.wrap_future(future)
+        return self._finish(ordered, done, gathered)
+
+    def run_turn_sync(self, calls: Sequence[CallLike], *, run_id: str | None = None) -> list[ToolResult]:
+        """``run_turn`` for code without an event loop."""
+        ordered, rid, sends, done, check = self._prepare(calls, run_id)
+        gathered = self._start().submit(rid, sends, check_finished=check).result()
+        return self._finish(ordered, done, gathered)
+
+    def _prepare(
+        self, calls: Sequence[CallLike], run_id: str | None
+    ) -> tuple[list[ToolCall], str, list[Send], dict[str, ToolResult], bool]:
+        ordered = coerce_calls(calls)
+        rid = run_id or uuid.uuid4().hex
+        valid, done = check_turn(ordered, self.registry, self.limits, rid)
+        engine = self._start()
+        sends = [Send(self._task(v, rid, engine.reply_to), v.tool.queue) for v in valid]
+        return ordered, rid, sends, done, run_id is not None
+
+    def _task(self, v: ValidCall, run_id: str, reply_to: str) -> ToolTask:
+        r = self.retry
+        return ToolTask(
+            run_id=run_id,
+            call=v.call,
+            timeout_secs=v.tool.timeout_secs or self.limits.tool_timeout_secs,
+            max_attempts=r.max_attempts if v.tool.retryable else 1,
+            initial_backoff_secs=r.initial_backoff,
+            max_backoff_secs=r.max_backoff,
+            jitter=r.jitter,
+            on_tool_exception=self.on_tool_exception,
+            max_result_chars=self.limits.max_result_chars,
+            reply_to=reply_to,
+            deadline=time.time() + self.limits.queue_wait_secs,
+        )
+
+    def _finish(
+        self, ordered: list[ToolCall], done: dict[str, ToolResult], gathered: dict[str, ToolResult]
+    ) -> list[ToolResult]:
+        results = [done.get(c.id) or gathered[c.id] for c in ordered]
+        if self.on_tool_exception == "fail":
+            for r in results:
+                if r.status == "exception":
+                    info = (r.artifact or {}).get("exception")
+                    info = info if isinstance(info, dict) else {}
+                    cause = RemoteToolException(
+                        str(info.get("type", "Exception")),
+                        str(info.get("message", "")),
+                        str(info.get("traceback", "")),
+                    )
+                    raise ToolFailed(
+                        f"tool {r.name!r} (call {r.call_id}) failed: {cause.type_name}",
+                        result=r,
+                        results=results,
+                    ) from cause
+        return results

@@ -1,0 +1,260 @@
+"""The engine under a dispatcher: publishes calls on one thread, gathers results on another.
+
+Results arrive on the dispatcher's own reply list, written by the worker in the same atomic step
+that files the result under its run; nothing subscribes per call and nothing polls with sleeps.
+A monitor looks at calls that take long: it finds results whose notice was lost, sends again a
+call whose worker died (its lease ran out), and gives up on calls nobody picks up, so that every
+call ends with a result within a bound.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._config import Limits
+from .._keys import MAX_LOST_RUNS
+from .._message import hard_limit_secs, send_call
+from .._wire import ToolResult, ToolStatus, ToolTask
+from ..worker._ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+CHECK_AFTER_SECS = 1.0
+"""A call is first looked at by the monitor this long after it was published, then as often."""
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One call to publish, with the queue of its tool."""
+
+    payload: ToolTask
+    queue: str
+
+
+@dataclass
+class _Turn:
+    future: concurrent.futures.Future[dict[str, ToolResult]]
+    waiting: int
+    results: dict[str, ToolResult] = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    send: Send
+    turn: _Turn
+    published: float
+    queue_deadline: float
+    final_deadline: float
+    next_check: float
+    started: bool = False
+    suspect: tuple[float, int] | None = None
+    redrives: int = 0
+
+
+def _budget_secs(p: ToolTask, limits: Limits, lease_secs: float) -> float:
+    """The longest a call may take from publish to result, all attempts and waits included."""
+    per_attempt = hard_limit_secs(p.timeout_secs) + p.max_backoff_secs
+    return (
+        limits.queue_wait_secs
+        + p.max_attempts * per_attempt
+        + (MAX_LOST_RUNS + 1) * (lease_secs + CHECK_AFTER_SECS * 2)
+        + 10
+    )
+
+
+def _ended(run_id: str, payload: ToolTask, status: ToolStatus, text: str) -> ToolResult:
+    return ToolResult(
+        call_id=payload.call.id, name=payload.call.name, run_id=run_id, status=status, content=text
+    )
+
+
+class Engine:
+    """Publishing and gathering for one dispatcher, on two daemon threads."""
+
+    def __init__(self, app: Any, ledger: Ledger, limits: Limits, *, prefix: str = "crg") -> None:
+        self.app = app
+        self.ledger = ledger
+        self.limits = limits
+        self.reply_to = f"{prefix}:reply:{uuid.uuid4().hex}"
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._publisher = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="criogenai-publish"
+        )
+        self._gatherer = threading.Thread(target=self._gather_loop, name="criogenai-gather", daemon=True)
+        self._gatherer.start()
+
+    # -- submitting -------------------------------------------------------------------------------
+
+    def submit(
+        self, run_id: str, sends: list[Send], *, check_finished: bool
+    ) -> concurrent.futures.Future[dict[str, ToolResult]]:
+        """Publish a turn's calls; the future gives every call's result, by call id."""
+        turn = _Turn(concurrent.futures.Future(), len(sends))
+        if not sends:
+            turn.future.set_result({})
+            return turn.future
+        self._publisher.submit(self._publish_turn, run_id, sends, turn, check_finished)
+        return turn.future
+
+    def _publish_turn(self, run_id: str, sends: list[Send], turn: _Turn, check_finished: bool) -> None:
+        try:
+            if check_finished:
+                found = self.ledger.prepare(run_id, [s.payload.call.id for s in sends])
+                for result in found.values():
+                    self._settle(turn, result)
+                sends = [s for s in sends if s.payload.call.id not in found]
+            now = time.monotonic()
+            with self._lock:
+                for s in sends:
+                    budget = _budget_secs(s.payload, self.limits, self.ledger.lease_secs)
+                    self._pending[(run_id, s.payload.call.id)] = _Pending(
+                        s,
+                        turn,
+                        now,
+                        now + self.limits.queue_wait_secs,
+                        now + budget,
+                        now + CHECK_AFTER_SECS,
+                    )
+            self._send(sends)
+        except Exception as exc:
+            log.exception("could not publish a turn of run %s", run_id)
+            for s in sends:
+                result = _ended(
+                    run_id,
+                    s.payload,
+                    "not_started",
+                    f"Tool {s.payload.call.name!r} was not started: the call could not "
+                    f"be sent to the workers ({type(exc).__name__}).",
+                )
+                with self._lock:
+                    self._pending.pop((run_id, s.payload.call.id), None)
+                    self._settle(turn, result)
+
+    def _send(self, sends: list[Send]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for s in sends:
+                send_call(self.app, s.payload, s.queue, producer=producer)
+
+    # -- gathering --------------------------------------------------------------------------------
+
+    def _settle(self, turn: _Turn, result: ToolResult) -> None:
+        if result.call_id in turn.results:
+            return
+        turn.results[result.call_id] = result
+        turn.waiting -= 1
+        if turn.waiting == 0 and not turn.future.done():
+            turn.future.set_result(turn.results)
+
+    def _resolve(self, run_id: str, result: ToolResult) -> None:
+        with self._lock:
+            pending = self._pending.pop((run_id, result.call_id), None)
+            if pending is not None:
+                self._settle(pending.turn, result)
+
+    def _give_up(self, run_id: str, payload: ToolTask, status: ToolStatus, text: str) -> None:
+        self._resolve(run_id, _ended(run_id, payload, status, text))
+
+    def _gather_loop(self) -> None:
+        next_check = time.monotonic() + CHECK_AFTER_SECS / 2
+        while not self._closed.is_set():
+            try:
+                replies = self.ledger.pop_replies(self.reply_to, 0.25 if self._pending else 1.0)
+            except Exception:
+                log.warning("cannot read results; trying again", exc_info=True)
+                self._closed.wait(0.5)
+                replies = []
+            for r in replies:
+                self._resolve(r.run_id, r)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + CHECK_AFTER_SECS / 2
+                try:
+                    self._monitor(now)
+                except Exception:
+                    log.warning("cannot check calls in flight; trying again", exc_info=True)
+
+    def _monitor(self, now: float) -> None:
+        with self._lock:
+            due = [(k, p) for k, p in self._pending.items() if now >= p.next_check]
+        by_run: dict[str, list[tuple[str, _Pending]]] = defaultdict(list)
+        for (run_id, call_id), p in due:
+            by_run[run_id].append((call_id, p))
+        live: dict[str, bool] = {}
+        for run_id, items in by_run.items():
+            ids = [cid for cid, _ in items]
+            found = self.ledger.finished(run_id, ids)
+            progress = self.ledger.progress(run_id, ids)
+            for cid, p in items:
+                p.next_check = now + CHECK_AFTER_SECS
+                if cid in found:
+                    self._resolve(run_id, found[cid])
+                    continue
+                self._check(run_id, p, progress[cid].state, progress[cid].starts, now, live)
+
+    def _check(
+        self, run_id: str, p: _Pending, state: str, starts: int, now: float, live: dict[str, bool]
+    ) -> None:
+        payload, name = p.send.payload, p.send.payload.call.name
+        if now > p.final_deadline:
+            self.ledger.abandon(run_id, payload.call.id, self.limits.queue_wait_secs)
+            self._give_up(
+                run_id,
+                payload,
+                "lost",
+                f"Tool {name!r} gave no result in time; the call may or may not have run.",
+            )
+        elif state != "none":
+            p.started, p.suspect = True, None
+        elif starts == 0:
+            queue = p.send.queue
+            if queue not in live:
+                live[queue] = bool(self.ledger.live_workers(queue))
+            no_worker = not live[queue] and now - p.published >= self.limits.no_worker_secs
+            if (now > p.queue_deadline or no_worker) and self.ledger.abandon(
+                run_id, payload.call.id, self.limits.queue_wait_secs + 60
+            ):
+                why = (
+                    f"no worker is serving queue {queue!r}"
+                    if no_worker
+                    else f"no worker was free within {self.limits.queue_wait_secs:g} s"
+                )
+                self._give_up(
+                    run_id,
+                    payload,
+                    "not_started",
+                    f"Tool {name!r} was not started: {why}. It will not run later.",
+                )
+        elif p.suspect is None or p.suspect[1] != starts:
+            p.suspect = (now, starts)  # a run ended without a result: look once more
+        elif now - p.suspect[0] >= CHECK_AFTER_SECS * 0.9:
+            self._redrive(run_id, p, now)
+
+    def _redrive(self, run_id: str, p: _Pending, now: float) -> None:
+        payload = p.send.payload
+        p.redrives += 1
+        p.suspect = None
+        if p.redrives > payload.max_attempts + MAX_LOST_RUNS + 1:
+            self._give_up(
+                run_id,
+                payload,
+                "lost",
+                f"Tool {payload.call.name!r} could not finish: the workers running it kept dying.",
+            )
+            return
+        log.warning("call %s/%s lost its worker; sending it again", run_id, payload.call.id)
+        p.published, p.queue_deadline = now, now + self.limits.queue_wait_secs
+        self._publisher.submit(self._send, [p.send])
+
+    def close(self) -> None:
+        self._closed.set()
+        self._publisher.shutdown(wait=True)
+        self._gatherer.join(timeout=5)

@@ -1,0 +1,21 @@
+"""The definition side: tools, their schemas, their validation and their results' text."""
+
+from ._content import DEFAULT_MAX_RESULT_CHARS, Content, cut, to_json_text
+from ._context import ToolContext
+from ._registry import ToolRegistry
+from ._tool import DEFAULT_QUEUE, InvalidArguments, Tool, ValidArguments, tool, tool_from_schema
+
+__all__ = [
+    "DEFAULT_MAX_RESULT_CHARS",
+    "DEFAULT_QUEUE",
+    "Content",
+    "InvalidArguments",
+    "Tool",
+    "ToolContext",
+    "ToolRegistry",
+    "ValidArguments",
+    "cut",
+    "to_json_text",
+    "tool",
+    "tool_from_schema",
+]

@@ -1,0 +1,45 @@
+"""A tool's return value to the text the model reads, cut at the size limit."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+DEFAULT_MAX_RESULT_CHARS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """The text sent to the model and whether it was cut."""
+
+    text: str
+    truncated: bool
+    full_chars: int
+
+
+def _to_jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"a {type(value).__name__} is not a JSON value")
+
+
+def to_json_text(value: Any) -> str:
+    """A string as is; anything else as compact JSON (pydantic models converted). TypeError if not JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=_to_jsonable, allow_nan=False)
+    except ValueError as exc:  # NaN, infinity, or a circular structure
+        raise TypeError(f"the result is not valid JSON: {exc}") from exc
+
+
+def cut(text: str, max_chars: int = DEFAULT_MAX_RESULT_CHARS) -> Content:
+    """Cut ``text`` to at most ``max_chars`` characters, ending with a visible marker when cut."""
+    if len(text) <= max_chars:
+        return Content(text, False, len(text))
+    marker = f"\n[... cut: the result had {len(text):,} characters, the limit is {max_chars:,}]"
+    keep = max(0, max_chars - len(marker))
+    return Content((text[:keep] + marker)[:max_chars], True, len(text))

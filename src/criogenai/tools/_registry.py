@@ -1,0 +1,58 @@
+"""ToolRegistry: the allowlist of tools by name; the only way a name from a model reaches code."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .._errors import ConfigurationError
+from ._tool import Tool
+
+
+class ToolRegistry:
+    """Tools by name. Duplicate names are refused; unknown names are simply absent."""
+
+    def __init__(self, tools: Iterable[Tool[..., Any]] = ()) -> None:
+        self._tools: dict[str, Tool[..., Any]] = {}
+        for t in tools:
+            self.add(t)
+
+    def add(self, t: Tool[..., Any]) -> None:
+        if not isinstance(t, Tool):
+            raise ConfigurationError(f"{t!r} is not a tool; decorate it with @tool")
+        other = self._tools.get(t.name)
+        if other is not None and other is not t:
+            raise ConfigurationError(f"two different tools are named {t.name!r}")
+        self._tools[t.name] = t
+
+    def get(self, name: str) -> Tool[..., Any] | None:
+        return self._tools.get(name) if isinstance(name, str) else None
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def __iter__(self) -> Iterator[Tool[..., Any]]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    @classmethod
+    def from_modules(cls, modules: Iterable[str]) -> ToolRegistry:
+        """Import each module by dotted path and register every Tool defined at its top level."""
+        registry = cls()
+        for path in modules:
+            try:
+                module = importlib.import_module(path)
+            except ImportError as exc:
+                raise ConfigurationError(f"cannot import tool module {path!r}: {exc}") from exc
+            found = [v for v in vars(module).values() if isinstance(v, Tool)]
+            if not found:
+                raise ConfigurationError(f"tool module {path!r} defines no @tool")
+            for t in found:
+                registry.add(t)
+        return registry

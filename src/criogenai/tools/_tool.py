@@ -1,0 +1,300 @@
+"""Tool: a function the model may call, with the JSON Schema it sees and a validator for its calls."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+import jsonschema
+from pydantic import BaseModel, ValidationError
+
+from .._errors import ToolDefinitionError
+from .._keys import DEFAULT_QUEUE as DEFAULT_QUEUE
+from ._context import ToolContext
+from ._schema import build_function_schema
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ValidArguments:
+    """Arguments that passed the schema, ready to call the function with."""
+
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidArguments:
+    """Every problem found in a call's arguments, each naming where it is and what is wrong."""
+
+    problems: list[str]
+
+
+class Tool(Generic[P, R]):
+    """A function the model may call: its name, description, JSON Schema, flags and validator.
+
+    Calling the tool object calls the function directly, which keeps tools easy to unit-test.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        model: type[BaseModel] | None,
+        context_param: str | None,
+        read_only: bool = False,
+        idempotent: bool = False,
+        destructive: bool = False,
+        timeout_secs: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+    ) -> None:
+        if not _NAME.match(name):
+            raise ToolDefinitionError(f"tool name {name!r}: use 1 to 64 letters, digits, '_' or '-'")
+        if destructive and (read_only or idempotent):
+            raise ToolDefinitionError(
+                f"tool {name!r}: a destructive tool cannot also be read_only or idempotent"
+            )
+        if timeout_secs is not None and not timeout_secs > 0:
+            raise ToolDefinitionError(f"tool {name!r}: timeout_secs must be > 0, not {timeout_secs}")
+        try:
+            jsonschema.Draft202012Validator.check_schema(parameters)
+        except jsonschema.SchemaError as exc:
+            raise ToolDefinitionError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from exc
+        if parameters.get("type") != "object":
+            raise ToolDefinitionError(f"tool {name!r}: the parameters schema must have type 'object'")
+        self.fn = fn
+        self.name = name
+        self.description = description
+        self.read_only = read_only
+        self.idempotent = idempotent
+        self.destructive = destructive
+        self.timeout_secs = timeout_secs
+        self.queue = queue
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._parameters = parameters
+        self._model = model
+        self._context_param = context_param
+        self._validator = jsonschema.Draft202012Validator(parameters)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name}>"
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of the arguments, exactly as the model sees it."""
+        return self._parameters
+
+    @property
+    def definition(self) -> dict[str, Any]:
+        """The tool in the shape model APIs take: name, description and parameters."""
+        return {"name": self.name, "description": self.description, "parameters": self._parameters}
+
+    @property
+    def retryable(self) -> bool:
+        """Read-only and idempotent tools may be run again; other tools never are."""
+        return self.read_only or self.idempotent
+
+    @property
+    def schema_hash(self) -> str:
+        """A short hash of the definition, to tell two versions of a tool apart."""
+        text = json.dumps(self.definition, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def validate(self, arguments: object) -> ValidArguments | InvalidArguments:
+        """Check arguments against the schema (then the model's own validators); never raises."""
+        if not isinstance(arguments, dict):
+            return InvalidArguments([f"arguments: expected a JSON object, got {_json_type(arguments)}"])
+        errors = list(self._validator.iter_errors(arguments))
+        if errors:
+            return InvalidArguments([_jsonschema_problem(e) for e in _leaf_errors(errors)])
+        if self._model is None:
+            return ValidArguments(dict(arguments))
+        try:
+            instance = self._model.model_validate(arguments)
+        except ValidationError as exc:
+            return InvalidArguments([_pydantic_problem(err) for err in exc.errors()])
+        return ValidArguments({k: getattr(instance, k) for k in type(instance).model_fields})
+
+    def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
+        """Call the function with validated arguments and, if it asks for one, the context."""
+        if self._context_param is not None:
+            kwargs = {**kwargs, self._context_param: ctx}
+        fn: Callable[..., Any] = self.fn
+        return fn(**kwargs)
+
+
+def _json_type(value: object) -> str:
+    names = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _leaf_errors(errors: list[jsonschema.ValidationError]) -> list[jsonschema.ValidationError]:
+    """Replace an anyOf/oneOf error by its most specific sub-errors when there is one clear branch."""
+    out: list[jsonschema.ValidationError] = []
+    for err in errors:
+        best = jsonschema.exceptions.best_match([err])
+        out.append(best if best is not None else err)
+    return out
+
+
+def _where(path: Any) -> str:
+    where = ""
+    for part in path:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    return where or "arguments"
+
+
+def _jsonschema_problem(err: jsonschema.ValidationError) -> str:
+    return f"{_where(err.absolute_path)}: {err.message}"
+
+
+def _pydantic_problem(err: Any) -> str:
+    return f"{_where(err.get('loc', ()))}: {err.get('msg', 'invalid')}"
+
+
+# -- the decorator and the explicit form -----------------------------------------------------------
+
+
+def _make(
+    fn: Callable[P, R],
+    *,
+    name: str | None,
+    description: str | None,
+    read_only: bool,
+    idempotent: bool,
+    destructive: bool,
+    timeout_secs: float | None,
+    queue: str,
+) -> Tool[P, R]:
+    if not callable(fn):
+        raise ToolDefinitionError(f"@tool decorates a function, not {fn!r}")
+    tool_name = name if name is not None else getattr(fn, "__name__", "")
+    schema = build_function_schema(fn, tool_name)
+    doc = description if description is not None else inspect.cleandoc(fn.__doc__ or "")
+    return Tool(
+        fn,
+        name=tool_name,
+        description=doc,
+        parameters=schema.json_schema,
+        model=schema.model,
+        context_param=schema.context_param,
+        read_only=read_only,
+        idempotent=idempotent,
+        destructive=destructive,
+        timeout_secs=timeout_secs,
+        queue=queue,
+    )
+
+
+@overload
+def tool(fn: Callable[P, R], /) -> Tool[P, R]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    read_only: bool = False,
+    idempotent: bool = False,
+    destructive: bool = False,
+    timeout_secs: float | None = None,
+    queue: str = DEFAULT_QUEUE,
+) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
+
+
+def tool(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    read_only: bool = False,
+    idempotent: bool = False,
+    destructive: bool = False,
+    timeout_secs: float | None = None,
+    queue: str = DEFAULT_QUEUE,
+) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
+    """Make a function a tool: type hints become the JSON Schema, the docstring the description.
+
+    Use as ``@tool`` or ``@tool(name=..., read_only=True, ...)``. Unsupported hints raise
+    ``TypeError`` (``ToolDefinitionError``) here, when the tool is defined.
+    """
+    options = dict(
+        name=name,
+        description=description,
+        read_only=read_only,
+        idempotent=idempotent,
+        destructive=destructive,
+        timeout_secs=timeout_secs,
+        queue=queue,
+    )
+    if fn is not None:
+        return _make(fn, **options)  # type: ignore[arg-type]
+
+    def decorate(f: Callable[P, R]) -> Tool[P, R]:
+        return _make(f, **options)  # type: ignore[arg-type]
+
+    return decorate
+
+
+def tool_from_schema(
+    *,
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    fn: Callable[..., Any] | Callable[..., Awaitable[Any]],
+    read_only: bool = False,
+    idempotent: bool = False,
+    destructive: bool = False,
+    timeout_secs: float | None = None,
+    queue: str = DEFAULT_QUEUE,
+) -> Tool[..., Any]:
+    """A tool from an explicit JSON Schema, like the TypeScript ``tool({...})``.
+
+    The schema is checked as Draft 2020-12 at definition. ``fn`` is called with the arguments as
+    keyword arguments, plus its ``ToolContext`` parameter if it has one.
+    """
+    context_param = None
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception:
+        hints = {}
+    for pname, hint in hints.items():
+        if hint is ToolContext:
+            context_param = pname
+    return Tool(
+        fn,
+        name=name,
+        description=description,
+        parameters=parameters,
+        model=None,
+        context_param=context_param,
+        read_only=read_only,
+        idempotent=idempotent,
+        destructive=destructive,
+        timeout_secs=timeout_secs,
+        queue=queue,
+    )

@@ -1,0 +1,80 @@
+"""Keeps the claims of the calls running in this process alive, and this worker visible.
+
+A claim's lease runs out unless renewed; if its process dies, renewal stops and the call can be
+run again elsewhere within one lease. One daemon thread per process renews every claim it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ._ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews held claims every third of a lease, on one daemon thread started on first use."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._held: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def hold(self, run_id: str, call_id: str, token: str) -> None:
+        with self._lock:
+            self._held[(run_id, call_id)] = token
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="criogenai-leases", daemon=True)
+                self._thread.start()
+
+    def drop(self, run_id: str, call_id: str) -> None:
+        with self._lock:
+            self._held.pop((run_id, call_id), None)
+
+    def reset_after_fork(self) -> None:
+        self._held.clear()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def _loop(self) -> None:
+        interval = self._ledger.lease_secs / 3
+        while not self._wake.wait(interval):
+            with self._lock:
+                held = [(run, call, token) for (run, call), token in self._held.items()]
+            try:
+                self._ledger.renew(held)
+            except Exception:  # Redis away for a moment: the next round tries again
+                log.warning("could not renew %d claim(s)", len(held), exc_info=True)
+
+
+class Heartbeat:
+    """Tells dispatchers this worker serves its queues, every few seconds, until stopped."""
+
+    def __init__(self, ledger: Ledger, worker: str, queues: list[str], interval: float = 3.0) -> None:
+        self._ledger, self._worker, self._queues = ledger, worker, queues
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="criogenai-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self._ledger.heartbeat(self._worker, self._queues, stop=True)
+        except Exception:
+            log.warning("could not withdraw worker %s", self._worker, exc_info=True)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._ledger.heartbeat(self._worker, self._queues)
+            except Exception:
+                log.warning("heartbeat failed", exc_info=True)
+            if self._stop.wait(self._interval):
+                return

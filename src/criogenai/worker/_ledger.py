@@ -1,0 +1,421 @@
+"""The ledger: per-call claims, run counters and finished results, keyed by (run id, call id).
+
+Celery delivers at least once and never deduplicates task ids, so "a finished call never runs
+again" is kept here: a worker claims a call before running it (refused if the call is finished or
+another live worker holds it), renews the claim's lease while it runs, and files the result under
+the run in the same atomic step that drops the claim and tells the waiting dispatcher.
+
+Two implementations share one interface: ``RedisLedger`` for a fleet, ``MemoryLedger`` for the
+embedded engine (one process).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Literal, Protocol, cast
+
+import redis
+
+from .._keys import Keys
+from .._wire import ToolResult
+
+ClaimKind = Literal["claimed", "done", "busy", "expired"]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    kind: ClaimKind
+    attempt: int = 0
+    """The run number this claim starts (1 for the first run), when ``kind == "claimed"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What the dispatcher can see of an unfinished call."""
+
+    state: Literal["none", "running", "waiting_retry"]
+    starts: int
+
+
+class Ledger(Protocol):
+    lease_secs: float
+
+    def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
+        """Take the call for a run, unless it is finished, held by a live run, or was never
+        started and its ``deadline`` (Unix time) has passed."""
+        ...
+
+    def renew(self, claims: list[tuple[str, str, str]]) -> None: ...
+    def await_retry(self, run_id: str, call_id: str, token: str, wait_secs: float) -> None: ...
+    def finish(
+        self,
+        result: ToolResult,
+        run_id: str,
+        token: str | None,
+        reply_to: str | None,
+        *,
+        done: bool,
+    ) -> bool: ...
+    def release(self, run_id: str, call_id: str) -> None: ...
+    def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
+        """Before (re)dispatching: the calls already finished, and lift earlier give-ups."""
+        ...
+
+    def abandon(self, run_id: str, call_id: str, ttl_secs: float) -> bool:
+        """Mark a never-started call so no worker starts it; False if one already has."""
+        ...
+
+    def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]: ...
+    def progress(self, run_id: str, call_ids: list[str]) -> dict[str, Progress]: ...
+    def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]: ...
+    def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None: ...
+    def live_workers(self, queue: str) -> list[str]: ...
+
+
+_CLAIM = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return -1 end
+local held = redis.call('GET', KEYS[2])
+if held and string.sub(held, 1, 4) == 'run:' then return -2 end
+if held and string.sub(held, 1, 5) == 'stop:' then return -3 end
+if tonumber(ARGV[5]) > tonumber(ARGV[6]) and not redis.call('GET', KEYS[3]) then return -3 end
+redis.call('SET', KEYS[2], 'run:' .. ARGV[2], 'PX', ARGV[3])
+local n = redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+return n
+"""
+
+# KEYS: results hash, then one claim key per call. ARGV: call ids.
+# Returns the stored results (or false) and clears 'stop:' marks: the calls may run again.
+_PREPARE = """
+local out = {}
+for i, call in ipairs(ARGV) do
+  out[i] = redis.call('HGET', KEYS[1], call)
+  local held = redis.call('GET', KEYS[i + 1])
+  if held and string.sub(held, 1, 5) == 'stop:' then redis.call('DEL', KEYS[i + 1]) end
+end
+return out
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == 'run:' .. ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_AWAIT_RETRY = """
+if redis.call('GET', KEYS[1]) == 'run:' .. ARGV[1] then
+  redis.call('SET', KEYS[1], 'wait:' .. ARGV[1], 'PX', ARGV[2])
+end
+return 1
+"""
+
+# KEYS: results-or-failed hash, results hash, claim, reply list (or a dummy)
+# ARGV: call id, result json, retention secs, token ('' = any holder), reply ttl, has reply
+_FINISH = """
+local held = redis.call('GET', KEYS[3])
+if held and (ARGV[4] == '' or held == 'run:' .. ARGV[4] or held == 'wait:' .. ARGV[4]) then
+  redis.call('DEL', KEYS[3])
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+if ARGV[6] == '1' then
+  redis.call('RPUSH', KEYS[4], ARGV[2])
+  redis.call('EXPIRE', KEYS[4], ARGV[5])
+end
+return 1
+"""
+
+_CLAIM_CODES = {-1: Claim("done"), -2: Claim("busy"), -3: Claim("expired")}
+REPLY_TTL_SECS = 3600
+HEARTBEAT_TTL_SECS = 15.0
+
+
+class RedisLedger:
+    """The ledger on Redis: a few Lua scripts, one round trip per step."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "crg",
+        lease_secs: float = 10.0,
+        retention_secs: int = 7 * 24 * 3600,
+    ) -> None:
+        self.keys = Keys(prefix)
+        self.lease_secs = lease_secs
+        self.retention_secs = retention_secs
+        common = dict(
+            socket_connect_timeout=5,
+            health_check_interval=10,
+            socket_keepalive=True,
+            retry_on_timeout=True,
+        )
+        self.client = redis.Redis.from_url(url, socket_timeout=10, **common)
+        # Blocking pops get their own pool, with a socket timeout longer than any block.
+        self._blocking = redis.Redis.from_url(url, socket_timeout=30, **common)
+        self._claim = self.client.register_script(_CLAIM)
+        self._renew = self.client.register_script(_RENEW)
+        self._await_retry = self.client.register_script(_AWAIT_RETRY)
+        self._finish = self.client.register_script(_FINISH)
+        self._prepare = self.client.register_script(_PREPARE)
+
+    def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
+        k = self.keys
+        n = int(
+            self._claim(
+                keys=[k.results(run_id), k.claim(run_id, call_id), k.starts(run_id, call_id)],
+                args=[
+                    call_id,
+                    token,
+                    int(self.lease_secs * 1000),
+                    self.retention_secs,
+                    repr(time.time()),
+                    repr(deadline),
+                ],
+            )
+        )
+        return _CLAIM_CODES.get(n) or Claim("claimed", n)
+
+    def renew(self, claims: list[tuple[str, str, str]]) -> None:
+        if not claims:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for run_id, call_id, token in claims:
+            self._renew(
+                keys=[self.keys.claim(run_id, call_id)],
+                args=[token, int(self.lease_secs * 1000)],
+                client=pipe,
+            )
+        pipe.execute()
+
+    def await_retry(self, run_id: str, call_id: str, token: str, wait_secs: float) -> None:
+        ms = int((wait_secs + self.lease_secs) * 1000)
+        self._await_retry(keys=[self.keys.claim(run_id, call_id)], args=[token, ms])
+
+    def finish(
+        self,
+        result: ToolResult,
+        run_id: str,
+        token: str | None,
+        reply_to: str | None,
+        *,
+        done: bool,
+    ) -> bool:
+        k = self.keys
+        target = k.results(run_id) if done else k.failed(run_id)
+        reply = reply_to or k.reply("none")
+        return bool(
+            self._finish(
+                keys=[target, k.results(run_id), k.claim(run_id, result.call_id), reply],
+                args=[
+                    result.call_id,
+                    result.model_dump_json(),
+                    self.retention_secs,
+                    token or "",
+                    REPLY_TTL_SECS,
+                    "1" if reply_to else "0",
+                ],
+            )
+        )
+
+    def release(self, run_id: str, call_id: str) -> None:
+        self.client.delete(self.keys.claim(run_id, call_id))
+
+    def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
+        if not call_ids:
+            return {}
+        raw = self._prepare(
+            keys=[self.keys.results(run_id), *(self.keys.claim(run_id, c) for c in call_ids)],
+            args=call_ids,
+        )
+        return {cid: ToolResult.model_validate_json(v) for cid, v in zip(call_ids, raw, strict=True) if v}
+
+    def abandon(self, run_id: str, call_id: str, ttl_secs: float) -> bool:
+        key, starts = self.keys.claim(run_id, call_id), self.keys.starts(run_id, call_id)
+        if self.client.get(starts):
+            return False
+        return bool(self.client.set(key, "stop:", nx=True, px=int(ttl_secs * 1000)))
+
+    def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
+        if not call_ids:
+            return {}
+        raw = self.client.hmget(self.keys.results(run_id), call_ids)
+        return {
+            cid: ToolResult.model_validate_json(v)
+            for cid, v in zip(call_ids, raw, strict=True)
+            if v is not None
+        }
+
+    def progress(self, run_id: str, call_ids: list[str]) -> dict[str, Progress]:
+        pipe = self.client.pipeline(transaction=False)
+        for cid in call_ids:
+            pipe.get(self.keys.claim(run_id, cid))
+            pipe.get(self.keys.starts(run_id, cid))
+        raw = pipe.execute()
+        out: dict[str, Progress] = {}
+        for i, cid in enumerate(call_ids):
+            held, starts = raw[2 * i], raw[2 * i + 1]
+            state: Literal["none", "running", "waiting_retry"] = "none"
+            if held is not None:
+                state = "running" if held.startswith(b"run:") else "waiting_retry"
+            out[cid] = Progress(state, int(starts or 0))
+        return out
+
+    def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
+        popped = self._blocking.blmpop(timeout_secs, 1, reply_to, direction="LEFT", count=512)
+        if not popped:
+            return []
+        _key, values = popped
+        return [ToolResult.model_validate_json(cast(bytes, v)) for v in values]
+
+    def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        now = time.time()
+        for q in queues:
+            key = self.keys.workers(q)
+            if stop:
+                pipe.zrem(key, worker)
+            else:
+                pipe.zadd(key, {worker: now})
+                pipe.zremrangebyscore(key, "-inf", now - 10 * HEARTBEAT_TTL_SECS)
+                pipe.expire(key, int(10 * HEARTBEAT_TTL_SECS))
+        pipe.execute()
+
+    def live_workers(self, queue: str) -> list[str]:
+        now = time.time()
+        key = self.keys.workers(queue)
+        names: list[bytes] = self.client.zrangebyscore(key, now - HEARTBEAT_TTL_SECS, "+inf")  # type: ignore[assignment]
+        return [n.decode() for n in names]
+
+
+class MemoryLedger:
+    """The ledger in one process's memory, for the embedded engine. Same rules, one lock."""
+
+    def __init__(self, *, lease_secs: float = 10.0) -> None:
+        self.lease_secs = lease_secs
+        self._lock = threading.Condition()
+        self._results: dict[str, dict[str, ToolResult]] = defaultdict(dict)
+        self._failed: dict[str, dict[str, ToolResult]] = defaultdict(dict)
+        self._claims: dict[tuple[str, str], tuple[str, float]] = {}
+        self._starts: dict[tuple[str, str], int] = defaultdict(int)
+        self._replies: dict[str, list[ToolResult]] = defaultdict(list)
+        self._workers: dict[str, dict[str, float]] = defaultdict(dict)
+
+    def _held(self, key: tuple[str, str]) -> str | None:
+        held = self._claims.get(key)
+        if held is None or held[1] < time.monotonic():
+            self._claims.pop(key, None)
+            return None
+        return held[0]
+
+    def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
+        key = (run_id, call_id)
+        with self._lock:
+            if call_id in self._results[run_id]:
+                return Claim("done")
+            held = self._held(key)
+            if held is not None and held.startswith("run:"):
+                return Claim("busy")
+            if held == "stop:" or (time.time() > deadline and not self._starts.get(key)):
+                return Claim("expired")
+            self._claims[key] = ("run:" + token, time.monotonic() + self.lease_secs)
+            self._starts[key] += 1
+            return Claim("claimed", self._starts[key])
+
+    def renew(self, claims: list[tuple[str, str, str]]) -> None:
+        with self._lock:
+            for run_id, call_id, token in claims:
+                if self._held((run_id, call_id)) == "run:" + token:
+                    self._claims[(run_id, call_id)] = (
+                        "run:" + token,
+                        time.monotonic() + self.lease_secs,
+                    )
+
+    def await_retry(self, run_id: str, call_id: str, token: str, wait_secs: float) -> None:
+        with self._lock:
+            if self._held((run_id, call_id)) == "run:" + token:
+                self._claims[(run_id, call_id)] = (
+                    "wait:" + token,
+                    time.monotonic() + wait_secs + self.lease_secs,
+                )
+
+    def finish(
+        self,
+        result: ToolResult,
+        run_id: str,
+        token: str | None,
+        reply_to: str | None,
+        *,
+        done: bool,
+    ) -> bool:
+        key = (run_id, result.call_id)
+        with self._lock:
+            held = self._held(key)
+            if held is not None and (token is None or held in ("run:" + token, "wait:" + token)):
+                self._claims.pop(key, None)
+            if result.call_id in self._results[run_id]:
+                return False
+            (self._results if done else self._failed)[run_id][result.call_id] = result
+            if reply_to:
+                self._replies[reply_to].append(result)
+                self._lock.notify_all()
+            return True
+
+    def release(self, run_id: str, call_id: str) -> None:
+        with self._lock:
+            self._claims.pop((run_id, call_id), None)
+
+    def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
+        with self._lock:
+            for cid in call_ids:
+                held = self._held((run_id, cid))
+                if held is not None and held.startswith("stop:"):
+                    self._claims.pop((run_id, cid), None)
+        return self.finished(run_id, call_ids)
+
+    def abandon(self, run_id: str, call_id: str, ttl_secs: float) -> bool:
+        key = (run_id, call_id)
+        with self._lock:
+            if self._starts.get(key) or self._held(key) is not None:
+                return False
+            self._claims[key] = ("stop:", time.monotonic() + ttl_secs)
+            return True
+
+    def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
+        with self._lock:
+            done = self._results.get(run_id, {})
+            return {cid: done[cid] for cid in call_ids if cid in done}
+
+    def progress(self, run_id: str, call_ids: list[str]) -> dict[str, Progress]:
+        out: dict[str, Progress] = {}
+        with self._lock:
+            for cid in call_ids:
+                held = self._held((run_id, cid))
+                state: Literal["none", "running", "waiting_retry"] = "none"
+                if held is not None:
+                    state = "running" if held.startswith("run:") else "waiting_retry"
+                out[cid] = Progress(state, self._starts.get((run_id, cid), 0))
+        return out
+
+    def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
+        with self._lock:
+            self._lock.wait_for(lambda: bool(self._replies.get(reply_to)), timeout_secs)
+            return self._replies.pop(reply_to, [])
+
+    def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None:
+        with self._lock:
+            for q in queues:
+                if stop:
+                    self._workers[q].pop(worker, None)
+                else:
+                    self._workers[q][worker] = time.monotonic()
+
+    def live_workers(self, queue: str) -> list[str]:
+        with self._lock:
+            now = time.monotonic()
+            return [w for w, t in self._workers[queue].items() if now - t < HEARTBEAT_TTL_SECS]

@@ -1,0 +1,213 @@
+"""The one Celery task: decode the call, claim it, execute it, retry or file the result.
+
+Outcomes live in ``_executor``; the claim and the filing in ``_ledger``. This module only joins
+them to Celery: its retry machinery, its soft limit and its worker-lost and hard-timeout reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+from billiard.exceptions import WorkerLostError
+from celery import Celery, Task, signals
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
+from pydantic import ValidationError
+
+from .._config import backoff_secs
+from .._keys import MAX_LOST_RUNS, TASK_NAME
+from .._message import send_call
+from .._outcomes import Outcome, timed_out
+from .._wire import ToolResult, ToolTask
+from ..tools import ToolContext, ToolRegistry
+from . import _executor
+from ._leases import Heartbeat, LeaseKeeper
+from ._ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+def _result(payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
+    return ToolResult(
+        call_id=payload.call.id,
+        name=payload.call.name,
+        run_id=payload.run_id,
+        status=outcome.status,
+        content=outcome.content,
+        artifact=outcome.artifact,
+        attempts=attempts,
+        truncated=outcome.truncated,
+        duration_secs=round(outcome.duration_secs, 6),
+    )
+
+
+def _for_celery(result: ToolResult) -> dict[str, Any]:
+    """What Celery stores and logs: the result without its artifact, which may hold what
+    ``return_generic`` hides; the full result is filed under the run in the ledger."""
+    return result.model_dump(mode="json", exclude={"artifact"})
+
+
+class WorkerRuntime:
+    """What a worker process needs to run calls: its tools, the ledger and its identity."""
+
+    def __init__(self, app: Celery, registry: ToolRegistry, ledger: Ledger) -> None:
+        self.app = app
+        self.registry = registry
+        self.ledger = ledger
+        self.leases = LeaseKeeper(ledger)
+        self.inline_sync = False
+        self.token = self._new_token()
+
+    @staticmethod
+    def _new_token() -> str:
+        return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    def after_fork(self) -> None:
+        """In a prefork child: own token and threads; sync tools run inline under Celery's limits."""
+        self.token = self._new_token()
+        self.inline_sync = True
+        self.leases.reset_after_fork()
+        _executor.reset_after_fork()
+
+    def run(self, task: Task, body: Any) -> dict[str, Any]:
+        try:
+            payload = ToolTask.model_validate(body)
+        except ValidationError as exc:
+            log.error("refused task %s: not a criogenai call: %s", task.request.id, exc)
+            raise Reject(
+                f"not a criogenai call (v1): {exc.error_count()} problem(s)", requeue=False
+            ) from None
+        call, run_id = payload.call, payload.run_id
+        tool = self.registry.get(call.name)
+        if tool is None:
+            # A forged name, or a tool this worker does not have: nothing is imported or run.
+            text = (
+                f"Unknown tool {call.name!r} on this worker. "
+                f"Available tools: {', '.join(self.registry.names())}."
+            )
+            result = ToolResult(
+                call_id=call.id, name=call.name, run_id=run_id, status="unknown_tool", content=text
+            )
+            self.ledger.finish(result, run_id, None, payload.reply_to, done=True)
+            return _for_celery(result)
+
+        claim = self.ledger.claim(run_id, call.id, self.token, payload.deadline)
+        if claim.kind != "claimed":
+            log.info("call %s/%s not run: %s", run_id, call.id, claim.kind)
+            raise Ignore()
+        attempt = claim.attempt
+        if attempt > payload.max_attempts + MAX_LOST_RUNS:
+            return self._finish(
+                payload,
+                Outcome(
+                    "lost",
+                    f"Tool {call.name!r} could not finish: its process died {attempt - 1} "
+                    "times while running this call.",
+                ),
+                attempt,
+            )
+
+        ctx = ToolContext(call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt)
+        self.leases.hold(run_id, call.id, self.token)
+        try:
+            outcome = _executor.execute(
+                tool,
+                call.arguments,
+                ctx,
+                timeout_secs=payload.timeout_secs,
+                on_tool_exception=payload.on_tool_exception,
+                max_result_chars=payload.max_result_chars,
+                inline_sync=self.inline_sync,
+                interrupts=(SoftTimeLimitExceeded,),
+            )
+        finally:
+            self.leases.drop(run_id, call.id)
+        log.info(
+            "call %s/%s tool=%s attempt=%d status=%s duration=%.3fs",
+            run_id,
+            call.id,
+            call.name,
+            attempt,
+            outcome.status,
+            outcome.duration_secs,
+        )
+
+        if outcome.retryable and attempt < payload.max_attempts:
+            delay = backoff_secs(
+                attempt,
+                initial=payload.initial_backoff_secs,
+                maximum=payload.max_backoff_secs,
+                jitter=payload.jitter,
+            )
+            self.ledger.await_retry(run_id, call.id, self.token, delay)
+            raise task.retry(countdown=delay, max_retries=None)
+        return self._finish(payload, outcome, attempt)
+
+    def _finish(self, payload: ToolTask, outcome: Outcome, attempts: int) -> dict[str, Any]:
+        result = _result(payload, outcome, attempts)
+        fails_run = outcome.status == "exception" and payload.on_tool_exception == "fail"
+        self.ledger.finish(result, payload.run_id, self.token, payload.reply_to, done=not fails_run)
+        return _for_celery(result)
+
+    def on_process_failure(self, exc: BaseException, kwargs: dict[str, Any] | None) -> None:
+        """In the main process: a call's process died (worker lost) or was killed at its hard limit."""
+        try:
+            payload = ToolTask.model_validate((kwargs or {}).get("task"))
+        except ValidationError:
+            return
+        tool = self.registry.get(payload.call.name)
+        if isinstance(exc, TimeLimitExceeded):
+            outcome = timed_out(payload.call.name, payload.timeout_secs, payload.timeout_secs, stopped=True)
+            progress = self.ledger.progress(payload.run_id, [payload.call.id])[payload.call.id]
+            result = _result(payload, outcome, progress.starts)
+            self.ledger.finish(result, payload.run_id, None, payload.reply_to, done=True)
+        elif tool is not None:
+            # The run is over; run the call again (at least once), bounded by the claim's count.
+            log.warning(
+                "call %s/%s lost its process (%s): sending it again",
+                payload.run_id,
+                payload.call.id,
+                type(exc).__name__,
+            )
+            self.ledger.release(payload.run_id, payload.call.id)
+            send_call(self.app, payload, tool.queue)
+
+
+def register(app: Celery, runtime: WorkerRuntime) -> None:
+    """Register the task and the signal handlers that connect Celery to the runtime."""
+
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=False)  # type: ignore[untyped-decorator]
+    def call(self: Task, task: Any = None) -> dict[str, Any]:
+        return runtime.run(self, task)
+
+    heartbeats: list[Heartbeat] = []
+
+    @signals.worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        queues = sorted(q.name for q in sender.task_consumer.queues)
+        beat = Heartbeat(runtime.ledger, str(sender.hostname), queues)
+        beat.start()
+        heartbeats.append(beat)
+
+    @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _shutdown(**_: Any) -> None:
+        while heartbeats:
+            heartbeats.pop().stop()
+
+    @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _child_started(**_: Any) -> None:
+        runtime.after_fork()
+
+    @signals.task_failure.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _failed(
+        sender: Any = None, exception: BaseException | None = None, kwargs: Any = None, **_: Any
+    ) -> None:
+        if getattr(sender, "name", None) != TASK_NAME or getattr(sender, "app", None) is not app:
+            return
+        if isinstance(exception, WorkerLostError | TimeLimitExceeded):
+            runtime.on_process_failure(exception, kwargs)
