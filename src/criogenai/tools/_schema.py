@@ -94,6 +94,10 @@ def build_function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSch
                 "parameters cannot be described to a model"
             )
             continue
+        if param.name.startswith("_"):
+            # pydantic takes a leading underscore for a private attribute and drops it from the schema
+            problems.append(f"parameter {param.name!r}: a name starting with '_' cannot be an argument")
+            continue
         problem = _hint_problem(hint)
         if problem is not None:
             problems.append(f"parameter {param.name!r} has hint {_show(hint)}: {problem}")
@@ -118,4 +122,5 @@ def build_function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSch
 
 
 def _show(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or repr(hint)
+    # A class by its name; anything else in full (set[int].__name__ is just "set").
+    return hint.__name__ if isinstance(hint, type) else repr(hint)

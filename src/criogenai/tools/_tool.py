@@ -59,7 +59,7 @@ class Tool(Generic[P, R]):
         timeout_secs: float | None = None,
         queue: str = DEFAULT_QUEUE,
     ) -> None:
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise ToolDefinitionError(f"tool name {name!r}: use 1 to 64 letters, digits, '_' or '-'")
         if destructive and (read_only or idempotent):
             raise ToolDefinitionError(
@@ -154,9 +154,26 @@ def _leaf_errors(errors: list[jsonschema.ValidationError]) -> list[jsonschema.Va
     """Replace an anyOf/oneOf error by its most specific sub-errors when there is one clear branch."""
     out: list[jsonschema.ValidationError] = []
     for err in errors:
-        best = jsonschema.exceptions.best_match([err])
-        out.append(best if best is not None else err)
+        out.extend(_expand(err))
     return out
+
+
+def _expand(err: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    if err.validator not in ("anyOf", "oneOf") or not err.context:
+        return [err]
+    branches: dict[Any, list[jsonschema.ValidationError]] = {}
+    for sub in err.context:
+        branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+    # A branch that fails only on the value's own type (the null of Optional[X]) is not the one meant.
+    meant = [
+        subs
+        for subs in branches.values()
+        if not all(s.validator == "type" and not s.relative_path for s in subs)
+    ]
+    if len(meant) == 1:
+        return [leaf for sub in meant[0] for leaf in _expand(sub)]
+    best = jsonschema.exceptions.best_match([err])
+    return [best if best is not None else err]
 
 
 def _where(path: Any) -> str:

@@ -28,6 +28,9 @@ class _TimedOut(BaseException):
     """Raised into a tool's thread when its time is up (BaseException: a bare except misses it)."""
 
 
+_EXPIRED = object()
+
+
 class _LoopThread:
     """One event loop per process, on a daemon thread, for every async tool."""
 
@@ -87,28 +90,37 @@ def _run_sync_on_thread(fn: Callable[[], Any], timeout: float) -> Any:
         return fn()
 
     future = _thread_pool().submit(call)
-    try:
-        return future.result(timeout)
-    except concurrent.futures.TimeoutError:
+    # wait, not result(timeout): a TimeoutError the tool raises itself is its exception, not a timeout
+    done, _ = concurrent.futures.wait([future], timeout)
+    if not done:
         if ident and not future.done():
             _raise_in_thread(ident[0], _TimedOut)
-        raise _TimedOut from None
+        raise _TimedOut
+    return future.result()
 
 
 def _run_async(make_coro: Callable[[], Any], timeout: float) -> Any:
     loop = _LoopThread.get().loop
 
     async def bounded() -> Any:
-        return await asyncio.wait_for(make_coro(), timeout)
+        scope = asyncio.timeout(timeout)
+        try:
+            async with scope:
+                return await make_coro()
+        except TimeoutError:
+            if scope.expired():  # our limit, not a TimeoutError the tool raised itself
+                return _EXPIRED
+            raise
 
     future = asyncio.run_coroutine_threadsafe(bounded(), loop)
     try:
-        return future.result()
-    except TimeoutError:
-        raise _TimedOut from None
+        value = future.result()
     except BaseException:
         future.cancel()  # a soft limit arrived in this (waiting) thread: stop the coroutine too
         raise
+    if value is _EXPIRED:
+        raise _TimedOut
+    return value
 
 
 def execute(

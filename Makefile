@@ -1,0 +1,25 @@
+# One command for each job on a fresh machine; the README names them.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench
+
+$(BIN)/criogenai: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(BIN)/criogenai
+
+setup: $(BIN)/criogenai
+
+demo: setup
+	$(BIN)/criogenai demo
+
+test: setup
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python bench/bench_turn.py

@@ -1,0 +1,135 @@
+"""Tools the integration tests run on real workers. Each counts its real runs in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Any
+
+import redis
+
+from criogenai import ToolContext, ToolError, tool
+
+_client: redis.Redis | None = None
+
+
+def ledger() -> redis.Redis:
+    """The test's side-effect ledger: one INCR per real run, keyed by what the test chose."""
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["CRIOGENAI_TEST_COUNTER_URL"])
+    return _client
+
+
+def runs(key: str) -> int:
+    return int(ledger().get(f"test:runs:{key}") or 0)
+
+
+def _count(key: str) -> int:
+    return int(ledger().incr(f"test:runs:{key}"))
+
+
+@tool(read_only=True)
+def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+@tool(idempotent=True)
+def count(key: str, ctx: ToolContext) -> dict[str, Any]:
+    """Count one run under key; say which process ran it."""
+    return {"n": _count(key), "pid": os.getpid(), "host": socket.gethostname(), "attempt": ctx.attempt}
+
+
+@tool
+def sleep_for(seconds: float, key: str = "") -> dict[str, Any]:
+    """Sleep, then say which process slept."""
+    if key:
+        _count(key)
+    time.sleep(seconds)
+    return {"slept": seconds, "pid": os.getpid()}
+
+
+@tool
+async def async_sleep(seconds: float, key: str = "") -> float:
+    """Sleep on the event loop; count a cancellation under key + ':cancelled'."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        if key:
+            _count(key + ":cancelled")
+        raise
+    return seconds
+
+
+@tool(read_only=True)
+def flaky_read(key: str, fail_times: int) -> str:
+    """Fail with a retryable ToolError on the first fail_times runs."""
+    n = _count(key)
+    if n <= fail_times:
+        raise ToolError(f"not yet ({n})", retryable=True)
+    return f"ok after {n}"
+
+
+@tool(destructive=True)
+def flaky_write(key: str, fail_times: int) -> str:
+    """The same as flaky_read, but destructive: never retried."""
+    n = _count(key)
+    if n <= fail_times:
+        raise ToolError(f"not yet ({n})", retryable=True)
+    return f"ok after {n}"
+
+
+@tool(read_only=True)
+def slow_first_read(key: str, seconds: float) -> str:
+    """Sleep past the limit on the first run only."""
+    if _count(key) == 1:
+        time.sleep(seconds)
+    return "fast this time"
+
+
+@tool
+def boom(secret: str) -> str:
+    """Raise an unexpected exception whose text holds a secret."""
+    raise RuntimeError(f"connection refused for password={secret}")
+
+
+@tool
+def stubborn(seconds: float, key: str = "") -> str:
+    """Ignore the soft time limit: catch it and keep sleeping."""
+    if key:
+        _count(key)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # noqa: S110 - deliberately swallows the soft limit
+            pass
+    return "finished anyway"
+
+
+@tool
+def die(key: str) -> str:
+    """Kill the process running it, every time."""
+    _count(key)
+    os._exit(1)
+
+
+@tool
+def big(n: int) -> str:
+    """Return n characters."""
+    return "x" * n
+
+
+@tool
+def not_json() -> Any:
+    """Return something that is not JSON."""
+    return {1, 2, 3}
+
+
+@tool(queue="nobody-serves-this")
+def orphan() -> str:
+    """A tool on a queue no worker consumes."""
+    return "never"
