@@ -145,3 +145,52 @@ def make_dispatcher(**kw: object) -> object:
     tools = [v for v in vars(fleet_tools).values() if isinstance(v, Tool)]
     settings = kw.pop("settings", None) or Settings(broker_url=fleet_url(), lease_secs=2.0)
     return Dispatcher(tools, settings=settings, **kw)  # type: ignore[arg-type]
+
+
+class OwnRedis:
+    """A redis-server of the test's own, without persistence, that the test may stop and restart."""
+
+    def __init__(self, tmp: Path, port: int) -> None:
+        self.port, self.tmp = port, tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.tmp)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = OwnRedis(tmp_path, port)
+    server.start()
+    yield server
+    server.stop()

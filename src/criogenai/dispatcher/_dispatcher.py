@@ -127,7 +127,7 @@ class Dispatcher:
         rid = run_id or uuid.uuid4().hex
         valid, done = check_turn(ordered, self.registry, self.limits, rid)
         engine = self._start()
-        sends = [Send(self._task(v, rid, engine.reply_to), v.tool.queue) for v in valid]
+        sends = [Send(self._task(v, rid, engine.reply_to), v.tool.queue, v.tool.retryable) for v in valid]
         return ordered, rid, sends, done, run_id is not None
 
     def _task(self, v: ValidCall, run_id: str, reply_to: str) -> ToolTask:

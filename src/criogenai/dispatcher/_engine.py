@@ -36,6 +36,8 @@ class Send:
 
     payload: ToolTask
     queue: str
+    resend_safe: bool
+    """The tool is read-only or idempotent: sending the call again cannot do harm."""
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Engine:
         self.limits = limits
         self.reply_to = f"{prefix}:reply:{uuid.uuid4().hex}"
         self._pending: dict[tuple[str, str], _Pending] = {}
+        self._server_id: str | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._publisher = concurrent.futures.ThreadPoolExecutor(
@@ -183,6 +186,7 @@ class Engine:
                     log.warning("cannot check calls in flight; trying again", exc_info=True)
 
     def _monitor(self, now: float) -> None:
+        self._check_server(now)
         with self._lock:
             due = [(k, p) for k, p in self._pending.items() if now >= p.next_check]
         by_run: dict[str, list[tuple[str, _Pending]]] = defaultdict(list)
@@ -237,6 +241,24 @@ class Engine:
             p.suspect = (now, starts)  # a run ended without a result: look once more
         elif now - p.suspect[0] >= CHECK_AFTER_SECS * 0.9:
             self._redrive(run_id, p, now)
+
+    def _check_server(self, now: float) -> None:
+        """Redis restarted without its data: queued messages, claims and results are gone."""
+        server = self.ledger.server_id()
+        previous, self._server_id = self._server_id, server
+        if previous is None or previous == server:
+            return
+        with self._lock:
+            pending = list(self._pending.items())
+        log.warning("the Redis server restarted; %d call(s) in flight may be lost", len(pending))
+        for (run_id, _), p in pending:
+            if p.send.resend_safe:
+                self._redrive(run_id, p, now)
+            else:
+                self._give_up(run_id, p.send.payload, "lost",
+                              f"Tool {p.send.payload.call.name!r} may or may not have run: the "
+                              "store lost its data while the call was in flight, and the tool is "
+                              "not read-only or idempotent, so it was not sent again.")
 
     def _redrive(self, run_id: str, p: _Pending, now: float) -> None:
         payload = p.send.payload

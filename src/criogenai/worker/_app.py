@@ -17,6 +17,7 @@ from .._keys import DEFAULT_QUEUE
 from ..tools import ToolRegistry
 from ._ledger import Ledger, MemoryLedger, RedisLedger
 from ._task import WorkerRuntime, register
+from ._transport import TRANSPORT
 
 
 def _celery_conf(settings: Settings) -> dict[str, Any]:
@@ -59,6 +60,8 @@ def _celery_conf(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "enable_utc": True,
     }
+    if (settings.broker_url or "").startswith("redis://"):
+        conf["broker_transport"] = TRANSPORT
     return conf
 
 

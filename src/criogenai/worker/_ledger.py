@@ -73,6 +73,9 @@ class Ledger(Protocol):
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]: ...
     def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None: ...
     def live_workers(self, queue: str) -> list[str]: ...
+    def server_id(self) -> str:
+        """Changes when the store restarts and loses what it held (Redis's run_id)."""
+        ...
 
 
 _CLAIM = """
@@ -293,6 +296,10 @@ class RedisLedger:
         return [n.decode() for n in names]
 
 
+    def server_id(self) -> str:
+        return str(self.client.info("server")["run_id"])
+
+
 class MemoryLedger:
     """The ledger in one process's memory, for the embedded engine. Same rules, one lock."""
 
@@ -419,3 +426,6 @@ class MemoryLedger:
         with self._lock:
             now = time.monotonic()
             return [w for w, t in self._workers[queue].items() if now - t < HEARTBEAT_TTL_SECS]
+
+    def server_id(self) -> str:
+        return "memory"

@@ -1,0 +1,50 @@
+"""kombu's Redis transport, hardened against two ways kombu 5.7 takes a whole worker down.
+
+1. It decodes the envelope of every BRPOP'd entry outside any error handling, so one garbage
+   LPUSH into a queue crashes the worker ("Unrecoverable error: JSONDecodeError"). The queue is
+   shared infrastructure: a worker must refuse such an entry, say so, and go on.
+2. When the connection to Redis is lost while messages are unacknowledged (a Redis restart in
+   the middle of calls), closing the channel tries to restore them through the closed connection
+   and raises AttributeError, which Celery treats as unrecoverable: the worker exits instead of
+   reconnecting. Those messages cannot be restored anyway (the server is gone); criogenai's
+   dispatcher sends lost calls again, so here the failure is logged and the worker reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.transport.virtual import Empty
+
+log = logging.getLogger(__name__)
+
+
+class QoS(kombu_redis.QoS):  # type: ignore[misc]
+    def restore_unacked(self, client: Any = None) -> Any:
+        try:
+            return super().restore_unacked(client)
+        except AttributeError:
+            log.warning("lost the broker with unacknowledged messages; they could not be restored "
+                        "here and are left to the dispatcher's redelivery")
+            return None
+
+
+class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    QoS = QoS
+
+    def _brpop_read(self, **options: Any) -> bool:
+        try:
+            return bool(super()._brpop_read(**options))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.error("refused a queue entry that is not a kombu message (%s: %s); dropped",
+                      type(exc).__name__, exc)
+            raise Empty() from None
+
+
+class Transport(kombu_redis.Transport):  # type: ignore[misc]
+    Channel = Channel
+
+
+TRANSPORT = f"{__name__}:Transport"
