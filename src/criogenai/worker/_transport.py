@@ -20,8 +20,13 @@ from kombu.transport.virtual import Empty
 
 log = logging.getLogger(__name__)
 
+# kombu's typing varies between releases; subclass through Any so the checks are stable.
+_RedisQoS: Any = kombu_redis.QoS
+_RedisChannel: Any = kombu_redis.Channel
+_RedisTransport: Any = kombu_redis.Transport
 
-class QoS(kombu_redis.QoS):  # type: ignore[misc]
+
+class QoS(_RedisQoS):
     def restore_unacked(self, client: Any = None) -> Any:
         try:
             return super().restore_unacked(client)
@@ -31,7 +36,7 @@ class QoS(kombu_redis.QoS):  # type: ignore[misc]
             return None
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(_RedisChannel):
     QoS = QoS
 
     def _brpop_read(self, **options: Any) -> bool:
@@ -43,7 +48,7 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
             raise Empty() from None
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(_RedisTransport):
     Channel = Channel
 
 
