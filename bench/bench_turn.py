@@ -101,8 +101,9 @@ def main() -> None:
     ]
     out: dict[str, Any] = {"rounds": args.rounds}
     try:
-        from bench import plain_celery
         from celery import group
+
+        from bench import plain_celery
 
         registry = ToolRegistry.from_modules(["bench.noop_tools"])
         dispatcher = Dispatcher(registry, settings=Settings(broker_url=URL),

@@ -6,6 +6,7 @@ real ``criogenai worker`` processes; a missing server fails the test, it never s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_BASE = os.environ.get("CRIOGENAI_TEST_REDIS", "redis://127.0.0.1:6379")
-FLEET_DB = 12
+FLEET_DB = int(os.environ.get("CRIOGENAI_TEST_DB", "12"))  # one database per concurrent test run
 os.environ.setdefault("CRIOGENAI_TEST_COUNTER_URL", f"{REDIS_BASE}/{FLEET_DB}")
 
 
@@ -44,18 +45,14 @@ class WorkerProcess:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the worker's whole process group (main process and pool children)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.kill(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill(signal.SIGKILL)
         self.proc.wait(10)
 
@@ -139,8 +136,8 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def make_dispatcher(**kw: object) -> object:
     from criogenai import Dispatcher, Settings
-    from tests import fleet_tools
     from criogenai.tools import Tool
+    from tests import fleet_tools
 
     tools = [v for v in vars(fleet_tools).values() if isinstance(v, Tool)]
     settings = kw.pop("settings", None) or Settings(broker_url=fleet_url(), lease_secs=2.0)

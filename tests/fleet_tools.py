@@ -105,8 +105,8 @@ def stubborn(seconds: float, key: str = "") -> str:
     while time.monotonic() < deadline:
         try:
             time.sleep(0.05)
-        except BaseException:  # noqa: S110 - deliberately swallows the soft limit
-            pass
+        except BaseException:  # swallows the soft limit on purpose, like a careless tool
+            continue
     return "finished anyway"
 
 

@@ -87,6 +87,8 @@ class Engine:
         self.reply_to = f"{prefix}:reply:{uuid.uuid4().hex}"
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._server_id: str | None = None
+        self._workers_seen: dict[str, set[str]] = {}
+        self._worker_died_at: dict[str, float] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._publisher = concurrent.futures.ThreadPoolExecutor(
@@ -192,7 +194,7 @@ class Engine:
         by_run: dict[str, list[tuple[str, _Pending]]] = defaultdict(list)
         for (run_id, call_id), p in due:
             by_run[run_id].append((call_id, p))
-        live: dict[str, bool] = {}
+        live = self._watch_workers({p.send.queue for _, p in due}, now)
         for run_id, items in by_run.items():
             ids = [cid for cid, _ in items]
             found = self.ledger.finished(run_id, ids)
@@ -203,6 +205,17 @@ class Engine:
                     self._resolve(run_id, found[cid])
                     continue
                 self._check(run_id, p, progress[cid].state, progress[cid].starts, now, live)
+
+    def _watch_workers(self, queues: set[str], now: float) -> dict[str, bool]:
+        """Which queues have a live worker; notes when a worker of a queue stops beating."""
+        live: dict[str, bool] = {}
+        for queue in queues:
+            workers = set(self.ledger.live_workers(queue))
+            if self._workers_seen.get(queue, set()) - workers:
+                self._worker_died_at[queue] = now
+            self._workers_seen[queue] = workers
+            live[queue] = bool(workers)
+        return live
 
     def _check(
         self, run_id: str, p: _Pending, state: str, starts: int, now: float, live: dict[str, bool]
@@ -219,28 +232,35 @@ class Engine:
         elif state != "none":
             p.started, p.suspect = True, None
         elif starts == 0:
-            queue = p.send.queue
-            if queue not in live:
-                live[queue] = bool(self.ledger.live_workers(queue))
-            no_worker = not live[queue] and now - p.published >= self.limits.no_worker_secs
-            if (now > p.queue_deadline or no_worker) and self.ledger.abandon(
-                run_id, payload.call.id, self.limits.queue_wait_secs + 60
-            ):
-                why = (
-                    f"no worker is serving queue {queue!r}"
-                    if no_worker
-                    else f"no worker was free within {self.limits.queue_wait_secs:g} s"
-                )
-                self._give_up(
-                    run_id,
-                    payload,
-                    "not_started",
-                    f"Tool {name!r} was not started: {why}. It will not run later.",
-                )
+            self._check_unstarted(run_id, p, now, live)
         elif p.suspect is None or p.suspect[1] != starts:
             p.suspect = (now, starts)  # a run ended without a result: look once more
         elif now - p.suspect[0] >= CHECK_AFTER_SECS * 0.9:
             self._redrive(run_id, p, now)
+
+    def _check_unstarted(self, run_id: str, p: _Pending, now: float, live: dict[str, bool]) -> None:
+        payload, queue = p.send.payload, p.send.queue
+        if self._worker_died_at.get(queue, -1.0) > p.published:
+            # The dead worker may have taken the message before it could start it, and that
+            # message is not seen again for a visibility timeout. Sending it again is safe for
+            # any tool: a call never started cannot start twice (the claim decides).
+            self._redrive(run_id, p, now)
+            return
+        no_worker = not live[queue] and now - p.published >= self.limits.no_worker_secs
+        if (now > p.queue_deadline or no_worker) and self.ledger.abandon(
+            run_id, payload.call.id, self.limits.queue_wait_secs + 60
+        ):
+            why = (
+                f"no worker is serving queue {queue!r}"
+                if no_worker
+                else f"no worker was free within {self.limits.queue_wait_secs:g} s"
+            )
+            self._give_up(
+                run_id,
+                payload,
+                "not_started",
+                f"Tool {payload.call.name!r} was not started: {why}. It will not run later.",
+            )
 
     def _check_server(self, now: float) -> None:
         """Redis restarted without its data: queued messages, claims and results are gone."""

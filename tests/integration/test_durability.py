@@ -1,0 +1,246 @@
+"""Durable turns under real faults: killed workers and dispatchers, duplicates, Redis restarts.
+
+Every test counts the tools' real runs in Redis (see tests/fleet_tools.py): "once" means a count
+of 1. Finished calls are exactly-once; calls that were running when their process died are
+at-least-once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+import redis
+
+from criogenai import Dispatcher, Limits, Retry, Settings, ToolCall
+from criogenai._message import send_call
+from criogenai._wire import ToolTask
+from criogenai.worker import create_app
+from tests import fleet_tools
+from tests.conftest import ROOT, fleet_url, make_dispatcher
+
+pytestmark = pytest.mark.fault
+
+
+@pytest.fixture(autouse=True)
+def _clean_fleet_db(redis_up: None) -> None:
+    redis.Redis.from_url(fleet_url()).flushdb()
+
+
+def key() -> str:
+    return uuid.uuid4().hex
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_call_whose_worker_is_killed_runs_again_on_another_worker(worker_factory, pool: str) -> None:
+    # Given a call running on worker A, and a second worker B alive
+    k = key()
+    a = worker_factory(pool=pool, concurrency=2)
+    d = make_dispatcher()
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(d.run_turn_sync, [ToolCall(id="slow", name="sleep_for",
+                                                   arguments={"seconds": 3, "key": k})])
+        wait_for(lambda: fleet_tools.runs(k) == 1, what="the call to start on A")
+        worker_factory(pool=pool, concurrency=2)
+        # When A dies whole (main process and pool children) with SIGKILL
+        killed_at = time.monotonic()
+        a.kill(signal.SIGKILL)
+        [r] = fut.result(timeout=30)
+    elapsed = time.monotonic() - killed_at
+    d.close()
+    # Then B runs the call again within the lease bound, and the turn completes
+    assert r.status == "ok", r
+    assert fleet_tools.runs(k) == 2
+    assert r.attempts == 2
+    assert elapsed < 2.0 + 2 + 3 + 3, f"recovery took {elapsed:.1f} s"
+
+
+def test_a_redispatched_turn_does_not_rerun_finished_calls(worker_factory, tmp_path) -> None:
+    # Given an agent process that dispatched a turn and was killed with SIGKILL mid-turn
+    worker_factory(pool="threads", concurrency=6)
+    run_id, keys = f"run-{key()}", [key() for _ in range(4)]
+    calls = [{"id": f"fast{i}", "name": "count", "arguments": {"key": keys[i]}} for i in range(3)]
+    calls.append({"id": "slow", "name": "sleep_for", "arguments": {"seconds": 2.5, "key": keys[3]}})
+    script = textwrap.dedent(f"""
+        from criogenai import Settings
+        from tests.conftest import make_dispatcher
+        d = make_dispatcher()
+        d.run_turn_sync({json.dumps(calls)}, run_id={run_id!r})
+    """)
+    agent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    wait_for(lambda: all(fleet_tools.runs(k) == 1 for k in keys), what="all calls to start")
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(10)
+    # When a new process dispatches the same turn with the same run id
+    with make_dispatcher() as d:
+        results = d.run_turn_sync(calls, run_id=run_id)
+    # Then every call has its result, and no call ran twice
+    assert [r.status for r in results] == ["ok"] * 4, results
+    assert [fleet_tools.runs(k) for k in keys] == [1, 1, 1, 1]
+    assert [json.loads(r.content)["n"] for r in results[:3]] == [1, 1, 1]
+
+
+def test_the_same_call_published_twice_runs_once(worker_factory) -> None:
+    worker_factory(pool="threads", concurrency=4)
+    worker_factory(pool="prefork", concurrency=2)
+    k, run_id = key(), f"run-{key()}"
+    settings = Settings(broker_url=fleet_url(), lease_secs=2.0)
+    app = create_app(settings)
+    payload = ToolTask(run_id=run_id, call=ToolCall(id="dup", name="count", arguments={"key": k}),
+                       timeout_secs=10, max_attempts=3, initial_backoff_secs=0.1, max_backoff_secs=1,
+                       jitter=0.1, on_tool_exception="return_to_model", max_result_chars=1000,
+                       deadline=time.time() + 60)
+    for _ in range(3):
+        send_call(app, payload, "criogenai")
+    time.sleep(1.0)
+    with make_dispatcher() as d:
+        [r] = d.run_turn_sync([payload.call], run_id=run_id)
+    time.sleep(0.5)
+    assert r.status == "ok" and json.loads(r.content)["n"] == 1
+    assert fleet_tools.runs(k) == 1
+
+
+def test_two_dispatchers_sending_the_same_turn_get_one_run_and_equal_results(worker_factory) -> None:
+    worker_factory(pool="threads", concurrency=4)
+    k, run_id = key(), f"run-{key()}"
+    call = ToolCall(id="c", name="sleep_for", arguments={"seconds": 0.5, "key": k})
+    with make_dispatcher() as d1, make_dispatcher() as d2, concurrent.futures.ThreadPoolExecutor(2) as ex:
+        f1 = ex.submit(d1.run_turn_sync, [call], run_id=run_id)
+        f2 = ex.submit(d2.run_turn_sync, [call], run_id=run_id)
+        r1, r2 = f1.result(30)[0], f2.result(30)[0]
+    assert r1.status == r2.status == "ok"
+    assert r1.content == r2.content
+    assert fleet_tools.runs(k) == 1
+
+
+def test_a_tool_that_kills_its_process_runs_a_bounded_number_of_times(worker_factory) -> None:
+    worker_factory(pool="prefork", concurrency=2)
+    k = key()
+    with make_dispatcher() as d:
+        [r] = d.run_turn_sync([ToolCall(id="d", name="die", arguments={"key": k})])
+        assert r.status == "lost"
+        assert "died" in r.content
+        # and the fleet keeps serving
+        [ok] = d.run_turn_sync([ToolCall(id="e", name="echo", arguments={"text": "still here"})])
+    assert ok.content == "still here"
+    assert fleet_tools.runs(k) == 3  # 1 allowed run + 2 lost runs, then it ends
+
+
+def test_poison_messages_are_refused_and_the_worker_keeps_serving(worker_factory) -> None:
+    w = worker_factory(pool="threads", concurrency=2)
+    client = redis.Redis.from_url(fleet_url())
+    app = create_app(Settings(broker_url=fleet_url()))
+    app.conf.accept_content = ["json", "pickle"]  # the sender may; the worker must not
+    k = key()
+    # garbage bytes, a pickled message, a wrong shape, an unknown version, a forged tool name
+    client.lpush("criogenai", b"\x00\xffnot json at all")
+    app.send_task("criogenai.call", kwargs={"task": {"run_id": "r"}}, queue="criogenai",
+                  serializer="pickle", task_id="poison-pickle")
+    app.send_task("criogenai.call", kwargs={"task": {"nonsense": True}}, queue="criogenai",
+                  task_id="poison-shape")
+    good = ToolTask(run_id="r", call=ToolCall(id="x", name="count", arguments={"key": k}),
+                    timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
+                    jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
+                    deadline=time.time() + 60)
+    v2 = {**good.model_dump(mode="json"), "v": 2}
+    app.send_task("criogenai.call", kwargs={"task": v2}, queue="criogenai", task_id="poison-v2")
+    forged = good.model_copy(update={"call": ToolCall(id="y", name="celery.backend_cleanup")})
+    app.send_task("criogenai.call", kwargs={"task": forged.model_dump(mode="json")},
+                  queue="criogenai", task_id="poison-name")
+    app.send_task("celery.backend_cleanup", queue="criogenai", task_id="poison-celery-task")
+    with make_dispatcher() as d:
+        [r] = d.run_turn_sync([ToolCall(id="after", name="echo", arguments={"text": "served"})])
+    assert r.content == "served"
+    wait_for(lambda: client.llen("criogenai") == 0, what="the queue to drain")
+    assert fleet_tools.runs(k) == 0, "a refused message ran a tool"
+    log = w.output()
+    assert "not a criogenai call" in log
+    assert "ContentDisallowed" in log or "disallowed" in log.lower()
+    shape = json.loads(client.get("celery-task-meta-poison-shape"))
+    assert shape["status"] == "FAILURE"
+    forged_meta = json.loads(client.get("celery-task-meta-poison-name"))
+    assert forged_meta["result"]["status"] == "unknown_tool"
+    assert w.proc.poll() is None
+
+
+def test_a_redis_restart_mid_turn_ends_every_call_and_the_fleet_recovers(worker_factory, own_redis) -> None:
+    worker_factory(own_redis.url, pool="threads", concurrency=4)
+    settings = Settings(broker_url=own_redis.url, lease_secs=2.0)
+    with Dispatcher(fleet_tools_registry(), settings=settings,
+                    limits=Limits(queue_wait_secs=8, no_worker_secs=3)) as d:
+        calls = [ToolCall(id=f"s{i}", name="sleep_for", arguments={"seconds": 2}) for i in range(3)]
+        calls += [ToolCall(id=f"r{i}", name="echo", arguments={"text": "x"}) for i in range(3)]
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(d.run_turn_sync, calls)
+            time.sleep(0.7)
+            started = time.monotonic()
+            own_redis.restart()
+            results = fut.result(timeout=60)
+        elapsed = time.monotonic() - started
+        statuses = {r.call_id: r.status for r in results}
+        assert set(statuses.values()) <= {"ok", "lost", "not_started"}, statuses
+        assert elapsed < 30
+        # the workers and the dispatcher reconnect by themselves
+        deadline = time.monotonic() + 30
+        while True:
+            [r] = d.run_turn_sync([ToolCall(id=f"after-{key()}", name="echo", arguments={"text": "back"})])
+            if r.status == "ok" or time.monotonic() > deadline:
+                break
+        assert r.content == "back"
+
+
+def fleet_tools_registry():  # type: ignore[no-untyped-def]
+    from criogenai.tools import ToolRegistry
+
+    return ToolRegistry.from_modules(["tests.fleet_tools"])
+
+
+def test_soak_of_2000_calls_on_3_workers_with_one_killed_and_restarted(worker_factory) -> None:
+    workers = [worker_factory(pool="threads", concurrency=8) for _ in range(3)]
+    keys = [key() for _ in range(2000)]
+    calls = [ToolCall(id=f"c{i}", name="count", arguments={"key": k}) for i, k in enumerate(keys)]
+    with (
+        make_dispatcher(limits={"max_calls_per_turn": 200}) as d,
+        concurrent.futures.ThreadPoolExecutor(10) as ex,
+    ):
+        futures = [ex.submit(d.run_turn_sync, calls[i:i + 200]) for i in range(0, 2000, 200)]
+        wait_for(lambda: sum(1 for f in futures if f.done()) >= 2, timeout=60, what="progress")
+        workers[0].kill(signal.SIGKILL)
+        worker_factory(pool="threads", concurrency=8)
+        results = [r for f in futures for r in f.result(timeout=120)]
+    assert len(results) == 2000
+    assert all(r.status == "ok" for r in results), {r.status for r in results}
+    counts = [fleet_tools.runs(k) for k in keys]
+    assert min(counts) == 1
+    # only calls that were running on the killed worker (8 slots) may have run twice
+    assert sum(1 for c in counts if c > 1) <= 8
+    assert max(counts) <= 2
+
+
+def test_every_key_the_fleet_leaves_behind_expires(worker_factory) -> None:
+    worker_factory(pool="threads", concurrency=4)
+    with make_dispatcher(tool_retry=Retry(max_attempts=2, initial_backoff=0.05)) as d:
+        for _ in range(5):
+            d.run_turn_sync([ToolCall(id=f"c{i}", name="flaky_read",
+                                      arguments={"key": key(), "fail_times": i % 2}) for i in range(20)])
+    client = redis.Redis.from_url(fleet_url())
+    without_ttl = [k.decode() for k in client.scan_iter("*") if client.ttl(k) == -1]
+    # kombu's exchange bindings are a fixed handful; everything per call must expire
+    leftovers = [k for k in without_ttl if not k.startswith("_kombu.binding") and not k.startswith("test:")]
+    assert leftovers == []
