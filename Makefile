@@ -17,7 +17,7 @@ demo: setup
 	$(BIN)/criogenai demo
 
 test: setup
-	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff check src tests examples bench
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 

@@ -35,7 +35,7 @@ os.environ["BENCH_REDIS_URL"] = URL
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def start_redis(tmp: Path) -> subprocess.Popen[bytes]:
@@ -77,6 +77,158 @@ def peak_rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def cpu_secs(pid: int) -> float:
+    """User + system CPU of a process group (a worker and its pool children), in seconds."""
+    total = 0
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(p.name)) != pid:
+                continue
+            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, ProcessLookupError, IndexError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class Bench:
+    """The two engines side by side on one Redis, one worker each."""
+
+    def __init__(self, rounds: int, quick: bool) -> None:
+        from celery import group
+
+        from bench import plain_celery
+        from criogenai import Dispatcher, Settings
+        from criogenai.tools import ToolRegistry
+
+        self.rounds, self.quick = rounds, quick
+        self.group, self.plain = group, plain_celery
+        self.registry = ToolRegistry.from_modules(["bench.noop_tools"])
+        self.dispatcher = Dispatcher(self.registry, settings=Settings(broker_url=URL),
+                                     limits={"max_calls_per_turn": 512})
+
+    @staticmethod
+    def calls(n: int) -> list[Any]:
+        from criogenai import ToolCall
+
+        return [ToolCall(id=f"c{i}", name="noop", arguments={"i": i}) for i in range(n)]
+
+    def crg_turn(self, n: int) -> None:
+        results = self.dispatcher.run_turn_sync(self.calls(n))
+        assert all(r.status == "ok" for r in results), results[:3]
+
+    def celery_turn(self, n: int, interval: float | None = 0) -> None:
+        res = self.group(self.plain.noop.s(i) for i in range(n)).apply_async()
+        kw = {} if interval is None else {"interval": interval}
+        assert res.get(timeout=60, **kw) == list(range(n))
+
+    def warm_up(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.crg_turn(1)
+                self.celery_turn(1)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        for _ in range(20):
+            self.crg_turn(10)
+            self.celery_turn(10)
+
+    def latency(self) -> dict[str, dict[str, float]]:
+        """Turns of 1, 10 and 50 calls, both engines in shuffled interleaved rounds."""
+        latency: dict[str, dict[str, float]] = {}
+        for n in (1, 10, 50):
+            rounds = self.rounds if n < 50 else max(5, self.rounds // 4)
+            samples: dict[str, list[float]] = {"criogenai": [], "celery get(interval=0)": []}
+            for _ in range(rounds):
+                order = list(samples)
+                random.shuffle(order)
+                for name in order:
+                    t0 = time.perf_counter()
+                    self.crg_turn(n) if name == "criogenai" else self.celery_turn(n)
+                    samples[name].append((time.perf_counter() - t0) * 1000)
+            if n == 10:
+                samples["celery get() default"] = []
+                for _ in range(5 if self.quick else 10):
+                    t0 = time.perf_counter()
+                    self.celery_turn(10, interval=None)
+                    samples["celery get() default"].append((time.perf_counter() - t0) * 1000)
+            for name, vals in samples.items():
+                latency[f"{n}:{name}"] = {"p50_ms": statistics.median(vals), "p99_ms": pct(vals, 99)}
+        return latency
+
+    def throughput(self, n: int, workers: dict[str, int]) -> dict[str, dict[str, float]]:
+        """n calls published then gathered; best of two alternating runs per engine."""
+
+        async def crg_bulk() -> None:
+            chunk = 500
+            turns = [self.calls(n)[s:s + chunk] for s in range(0, n, chunk)]
+            results = await asyncio.gather(*(self.dispatcher.run_turn(t) for t in turns))
+            assert sum(1 for rs in results for r in rs if r.status == "ok") == n
+
+        def celery_bulk() -> None:
+            results = [self.plain.noop.delay(i) for i in range(n)]
+            assert [r.get(timeout=120, interval=0) for r in results] == list(range(n))
+
+        out: dict[str, dict[str, float]] = {}
+        runs = (("celery", celery_bulk), ("criogenai", lambda: asyncio.run(crg_bulk()))) * 2
+        for name, fn in runs:
+            c0, t0, w0 = time.process_time(), time.perf_counter(), cpu_secs(workers[name])
+            fn()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            worker_cpu = cpu_secs(workers[name]) - w0
+            best = out.get(name)
+            if best is None or n / wall > best["calls_per_s"]:
+                out[name] = {"calls_per_s": n / wall, "client_cpu_us_per_call": cpu / n * 1e6,
+                             "worker_cpu_us_per_call": worker_cpu / n * 1e6}
+        return out
+
+    def concurrent(self) -> float:
+        """100 turns of 10 calls at once from one asyncio process: calls/s."""
+
+        async def many() -> float:
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(self.dispatcher.run_turn(self.calls(10)) for _ in range(100)))
+            assert all(r.status == "ok" for rs in results for r in rs)
+            return 1000 / (time.perf_counter() - t0)
+
+        return max(asyncio.run(many()) for _ in range(2))
+
+    def embedded(self) -> dict[str, float]:
+        """The embedded engine's 10-call turn beside the in-process floor (validate + gather)."""
+        from bench.noop_tools import noop
+        from criogenai import Dispatcher, Settings
+
+        async def floor_turn() -> None:
+            async def one(i: int) -> int:
+                noop.validate({"i": i})
+                return i
+
+            await asyncio.gather(*(one(i) for i in range(10)))
+
+        floor: list[float] = []
+        for _ in range(self.rounds):
+            t0 = time.perf_counter()
+            asyncio.run(floor_turn())
+            floor.append((time.perf_counter() - t0) * 1000)
+        emb: list[float] = []
+        with Dispatcher(self.registry, settings=Settings()) as embedded:
+            calls = self.calls(10)
+            for _ in range(20):
+                embedded.run_turn_sync(calls)
+            for _ in range(self.rounds):
+                t0 = time.perf_counter()
+                results = embedded.run_turn_sync(calls)
+                emb.append((time.perf_counter() - t0) * 1000)
+                assert all(r.status == "ok" for r in results), results[:2]
+        return {"p50_ms": statistics.median(emb), "floor_p50_ms": statistics.median(floor)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=200)
@@ -87,143 +239,33 @@ def main() -> None:
     if args.quick:
         args.rounds, args.throughput = 5, 200
 
-    from criogenai import Dispatcher, Settings, ToolCall
-    from criogenai.tools import ToolRegistry
-
     tmp = Path(tempfile.mkdtemp(prefix="crg-bench-"))
     redis_proc = start_redis(tmp)
-    workers = [
-        start_worker([sys.executable, "-m", "criogenai", "worker", "--tools", "bench.noop_tools",
-                      "--pool", "threads", "-c", "10", "-l", "WARNING", "-n", "crg@bench"], tmp / "crg.log"),
-        start_worker([sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker", "--pool",
-                      "threads", "-c", "10", "-l", "WARNING", "-Q", "plain", "-n", "plain@bench",
-                      "--without-gossip", "--without-mingle"], tmp / "plain.log"),
-    ]
+    workers = {
+        "criogenai": start_worker([sys.executable, "-m", "criogenai", "worker", "--tools", "bench.noop_tools",
+                                   "--pool", "threads", "-c", "10", "-l", "WARNING", "-n", "crg@bench"],
+                                  tmp / "crg.log"),
+        "celery": start_worker([sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker",
+                                "--pool", "threads", "-c", "10", "-l", "WARNING", "-Q", "plain",
+                                "-n", "plain@bench", "--without-gossip", "--without-mingle"],
+                               tmp / "plain.log"),
+    }
     out: dict[str, Any] = {"rounds": args.rounds}
     try:
-        from celery import group
-
-        from bench import plain_celery
-
-        registry = ToolRegistry.from_modules(["bench.noop_tools"])
-        dispatcher = Dispatcher(registry, settings=Settings(broker_url=URL),
-                                limits={"max_calls_per_turn": 512})
-
-        def crg_turn(n: int) -> None:
-            calls = [ToolCall(id=f"c{i}", name="noop", arguments={"i": i}) for i in range(n)]
-            results = dispatcher.run_turn_sync(calls)
-            assert all(r.status == "ok" for r in results), results[:3]
-
-        def celery_turn(n: int, interval: float | None = 0) -> None:
-            res = group(plain_celery.noop.s(i) for i in range(n)).apply_async()
-            kw = {} if interval is None else {"interval": interval}
-            assert res.get(timeout=60, **kw) == list(range(n))
-
-        # Warm both paths (connections, worker imports).
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                crg_turn(1)
-                celery_turn(1)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        for _ in range(20):
-            crg_turn(10)
-            celery_turn(10)
-
-        # -- latency: interleaved rounds --------------------------------------------------------
-        latency: dict[str, dict[str, float]] = {}
-        for n in (1, 10, 50):
-            rounds = args.rounds if n < 50 else max(5, args.rounds // 4)
-            samples: dict[str, list[float]] = {"criogenai": [], "celery get(interval=0)": []}
-            for _ in range(rounds):
-                order = list(samples)
-                random.shuffle(order)
-                for name in order:
-                    t0 = time.perf_counter()
-                    crg_turn(n) if name == "criogenai" else celery_turn(n)
-                    samples[name].append((time.perf_counter() - t0) * 1000)
-            if n == 10:
-                samples["celery get() default"] = []
-                for _ in range(5 if args.quick else 10):
-                    t0 = time.perf_counter()
-                    celery_turn(10, interval=None)
-                    samples["celery get() default"].append((time.perf_counter() - t0) * 1000)
-            for name, vals in samples.items():
-                latency[f"{n}:{name}"] = {"p50_ms": statistics.median(vals), "p99_ms": pct(vals, 99)}
-        out["latency"] = latency
-
-        # -- throughput and client CPU per call --------------------------------------------------
-        n = args.throughput
-
-        async def crg_bulk() -> None:
-            chunk = 500
-            turns = [[ToolCall(id=f"c{i}", name="noop", arguments={"i": i})
-                      for i in range(s, min(n, s + chunk))] for s in range(0, n, chunk)]
-            results = await asyncio.gather(*(dispatcher.run_turn(t) for t in turns))
-            assert sum(1 for rs in results for r in rs if r.status == "ok") == n
-
-        def celery_bulk() -> None:
-            results = [plain_celery.noop.delay(i) for i in range(n)]
-            assert [r.get(timeout=120, interval=0) for r in results] == list(range(n))
-
-        throughput: dict[str, dict[str, float]] = {}
-        for name, fn in (("celery", celery_bulk), ("criogenai", lambda: asyncio.run(crg_bulk()))) * 2:
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            best = throughput.get(name)
-            if best is None or n / wall > best["calls_per_s"]:
-                throughput[name] = {"calls_per_s": n / wall, "client_cpu_us_per_call": cpu / n * 1e6}
-        out["throughput"] = throughput
-
-        # -- 100 concurrent turns of 10 calls from one asyncio process --------------------------
-        async def many() -> float:
-            t0 = time.perf_counter()
-            turns = [[ToolCall(id=f"c{i}", name="noop", arguments={"i": i}) for i in range(10)]
-                     for _ in range(100)]
-            results = await asyncio.gather(*(dispatcher.run_turn(t) for t in turns))
-            assert all(r.status == "ok" for rs in results for r in rs)
-            return 1000 / (time.perf_counter() - t0)
-
-        out["concurrent_100x10_calls_per_s"] = max(asyncio.run(many()) for _ in range(2))
-        dispatcher.close()
-
-        # -- embedded engine beside the in-process floor ----------------------------------------
-        from bench.noop_tools import noop
-
-        floor: list[float] = []
-
-        async def floor_turn() -> None:
-            async def one(i: int) -> int:
-                noop.validate({"i": i})
-                return i
-            await asyncio.gather(*(one(i) for i in range(10)))
-
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            asyncio.run(floor_turn())
-            floor.append((time.perf_counter() - t0) * 1000)
-        with Dispatcher(registry, settings=Settings()) as embedded:
-            emb: list[float] = []
-            calls = [ToolCall(id=f"c{i}", name="noop", arguments={"i": i}) for i in range(10)]
-            for _ in range(20):
-                embedded.run_turn_sync(calls)
-            for _ in range(args.rounds):
-                t0 = time.perf_counter()
-                embedded.run_turn_sync(calls)
-                emb.append((time.perf_counter() - t0) * 1000)
-        out["embedded"] = {"p50_ms": statistics.median(emb), "floor_p50_ms": statistics.median(floor)}
+        bench = Bench(args.rounds, args.quick)
+        bench.warm_up()
+        out["latency"] = bench.latency()
+        out["throughput"] = bench.throughput(args.throughput, {k: w.pid for k, w in workers.items()})
+        out["concurrent_100x10_calls_per_s"] = bench.concurrent()
+        bench.dispatcher.close()
+        out["embedded"] = bench.embedded()
         out["memory_mib"] = {
-            "criogenai_worker": peak_rss_mib(workers[0].pid),
-            "celery_worker": peak_rss_mib(workers[1].pid),
+            "criogenai_worker": peak_rss_mib(workers["criogenai"].pid),
+            "celery_worker": peak_rss_mib(workers["celery"].pid),
             "dispatcher_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
     finally:
-        for w in workers:
+        for w in workers.values():
             try:
                 os.killpg(w.pid, signal.SIGTERM)
                 w.wait(10)
@@ -241,7 +283,8 @@ def main() -> None:
 
 def report(out: dict[str, Any]) -> None:
     lat = out["latency"]
-    print(f"\nTurn latency, ms ({out['rounds']} interleaved rounds; ratio = criogenai / celery get(interval=0))")
+    print(f"\nTurn latency, ms ({out['rounds']} interleaved rounds; "
+          "ratio = criogenai / celery get(interval=0))")
     print(f"{'calls':>5} | {'engine':<24} | {'p50':>8} | {'p99':>8} | {'p50 ratio':>9} | {'p99 ratio':>9}")
     for n in (1, 10, 50):
         base = lat[f"{n}:celery get(interval=0)"]
@@ -254,10 +297,12 @@ def report(out: dict[str, Any]) -> None:
     tp = out["throughput"]
     c, g = tp["celery"], tp["criogenai"]
     print("\nThroughput (calls/s) and client CPU per call (µs)")
-    print(f"  plain celery: {c['calls_per_s']:8.0f} calls/s, {c['client_cpu_us_per_call']:7.0f} µs CPU/call")
-    print(f"  criogenai   : {g['calls_per_s']:8.0f} calls/s, {g['client_cpu_us_per_call']:7.0f} µs CPU/call")
+    for label, row in (("plain celery", c), ("criogenai   ", g)):
+        print(f"  {label}: {row['calls_per_s']:8.0f} calls/s, client {row['client_cpu_us_per_call']:6.0f} µs "
+              f"CPU/call, worker {row['worker_cpu_us_per_call']:6.0f} µs CPU/call")
     print(f"  ratios      : throughput {g['calls_per_s'] / c['calls_per_s']:.2f}x, "
-          f"client CPU {g['client_cpu_us_per_call'] / c['client_cpu_us_per_call']:.2f}x")
+          f"client CPU {g['client_cpu_us_per_call'] / c['client_cpu_us_per_call']:.2f}x, "
+          f"worker CPU {g['worker_cpu_us_per_call'] / c['worker_cpu_us_per_call']:.2f}x")
     conc = out["concurrent_100x10_calls_per_s"]
     print(f"\n100 concurrent turns x 10 calls: {conc:.0f} calls/s "
           f"({conc / g['calls_per_s']:.2f}x criogenai's throughput)")

@@ -147,20 +147,22 @@ def make_dispatcher(**kw: object) -> object:
 class OwnRedis:
     """A redis-server of the test's own, without persistence, that the test may stop and restart."""
 
-    def __init__(self, tmp: Path, port: int) -> None:
-        self.port, self.tmp = port, tmp
+    def __init__(self, tmp: Path, port: int, password: str | None = None) -> None:
+        self.port, self.tmp, self.password = port, tmp, password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.tmp)],
+             "--appendonly", "no", "--dir", str(self.tmp), *auth],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password)
         for _ in range(100):
             try:
                 client.ping()

@@ -133,3 +133,25 @@ def not_json() -> Any:
 def orphan() -> str:
     """A tool on a queue no worker consumes."""
     return "never"
+
+
+# -- fleet operations (tests/integration/test_fleet_ops.py) ---------------------------------------
+
+
+def _worker_label() -> str:
+    """The label the test gave the worker process running the call (its CRIOGENAI_TEST_LABEL)."""
+    return os.environ.get("CRIOGENAI_TEST_LABEL", "") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+@tool(read_only=True)
+def where(pause: float = 0.0) -> str:
+    """Say which worker ran the call, after an optional pause."""
+    if pause:
+        time.sleep(pause)
+    return _worker_label()
+
+
+@tool(queue="fleet-gpu", read_only=True)
+def where_gpu() -> str:
+    """Like where, on a queue of its own (a GPU tool's)."""
+    return _worker_label()

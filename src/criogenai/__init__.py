@@ -4,6 +4,7 @@ Define tools with ``@tool``, run workers with ``criogenai worker --tools MODULE`
 turn of tool calls from the agent process with ``Dispatcher.run_turn``.
 """
 
+from ._catalog import Catalog, CatalogEntry
 from ._config import Limits, Retry, Settings
 from ._errors import (
     ConfigurationError,
@@ -13,19 +14,57 @@ from ._errors import (
     ToolError,
     ToolFailed,
 )
+from ._results import fetch_full
 from ._version import __version__
 from ._wire import OnToolException, ToolCall, ToolResult, ToolStatus
-from .dispatcher import Dispatcher
+from .agent import Agent, FakeModel, Model, ModelError, RunNotFound, RunResult
+from .dispatcher import (
+    AfterHook,
+    Allow,
+    Answer,
+    ApprovalConflict,
+    ApprovalNotFound,
+    Approvals,
+    BeforeHook,
+    Block,
+    ChangeArguments,
+    Dispatcher,
+    HookCall,
+    InvalidApprovalArguments,
+    PendingApproval,
+    ResultCache,
+)
 from .tools import Tool, ToolContext, ToolRegistry, tool, tool_from_schema
 
 __all__ = [
+    "AfterHook",
+    "Agent",
+    "Allow",
+    "Answer",
+    "ApprovalConflict",
+    "ApprovalNotFound",
+    "Approvals",
+    "BeforeHook",
+    "Block",
+    "Catalog",
+    "CatalogEntry",
+    "ChangeArguments",
     "ConfigurationError",
     "CriogenaiError",
     "Dispatcher",
+    "FakeModel",
+    "HookCall",
+    "InvalidApprovalArguments",
     "Limits",
+    "Model",
+    "ModelError",
     "OnToolException",
+    "PendingApproval",
     "RemoteToolException",
+    "ResultCache",
     "Retry",
+    "RunNotFound",
+    "RunResult",
     "Settings",
     "Tool",
     "ToolCall",
@@ -37,6 +76,7 @@ __all__ = [
     "ToolResult",
     "ToolStatus",
     "__version__",
+    "fetch_full",
     "tool",
     "tool_from_schema",
 ]

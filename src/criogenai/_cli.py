@@ -8,6 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ._cli_approvals import add_approvals_parser
+from ._cli_fleet import add_fleet_parsers, catalog_registry
 from ._config import Settings
 from ._errors import ConfigurationError
 
@@ -21,7 +23,10 @@ def _worker(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if settings.embedded:
         raise ConfigurationError("a worker needs a broker: set CRIOGENAI_BROKER_URL=redis://...")
-    modules = [m for group in args.tools for m in group.split(",") if m]
+    groups = args.tools or [os.environ.get("CRIOGENAI_TOOLS", "")]
+    modules = [m.strip() for group in groups for m in group.split(",") if m.strip()]
+    if not modules:
+        raise ConfigurationError("name the tool modules: --tools MODULE, or CRIOGENAI_TOOLS=MODULE,...")
     registry = ToolRegistry.from_modules(modules)
     os.environ["CRIOGENAI_TOOLS"] = ",".join(modules)
     queues = args.queues or ",".join(sorted({t.queue for t in registry}))
@@ -40,6 +45,15 @@ def _worker(args: argparse.Namespace) -> int:
         argv.append(f"--hostname={args.hostname}")
     if args.events:
         argv.append("--task-events")
+    if args.log_format == "json":
+        from ._logging import install_json_logging
+
+        install_json_logging(app, args.loglevel)
+        argv.insert(0, "--quiet")  # no banner: every line on the output is JSON
+    if args.metrics_port:
+        from ._metrics import serve_metrics
+
+        serve_metrics(app, args.metrics_port, registry.names())
     app.worker_main(argv)
     return 0
 
@@ -49,7 +63,10 @@ def _demo(args: argparse.Namespace) -> int:
     from .dispatcher import Dispatcher
     from .tools import ToolRegistry
 
-    registry = ToolRegistry.from_modules([args.tools])
+    if args.from_catalog:  # an agent process without the tools' code
+        registry = catalog_registry(["get_lab_result", "schedule_visit", "send_message"], args.wait)
+    else:
+        registry = ToolRegistry.from_modules([args.tools])
     calls = [
         ToolCall(id="call_1", name="get_lab_result", arguments={"test_id": "LAB-12345"}),
         ToolCall(id="call_2", name="get_lab_result", arguments={"test_id": "12345"}),
@@ -84,9 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument(
         "--tools",
         action="append",
-        required=True,
         metavar="MODULE",
-        help="a module of @tool functions (repeat, or separate with commas)",
+        help="a module of @tool functions (repeat, or separate with commas); default: $CRIOGENAI_TOOLS",
     )
     w.add_argument("--concurrency", "-c", type=int, default=0)
     w.add_argument(
@@ -96,14 +112,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="prefork",
         help="prefork enforces hard time limits; threads cannot kill a sync tool",
     )
-    w.add_argument("--queues", "-Q", default="", help="comma-separated; default: the tools' queues")
+    w.add_argument(
+        "--queues",
+        "-Q",
+        default=os.environ.get("CRIOGENAI_QUEUES", ""),
+        help="comma-separated; default: $CRIOGENAI_QUEUES, else the tools' queues",
+    )
+    w.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=os.environ.get("CRIOGENAI_LOG_FORMAT", "text"),
+        help="json: one JSON object per line, with run id, call id, tool, attempt, status, duration",
+    )
+    w.add_argument(
+        "--metrics-port",
+        type=int,
+        default=os.environ.get("CRIOGENAI_METRICS_PORT") or 0,  # argparse converts a string default
+        help="serve Prometheus metrics on this port (needs criogenai[metrics])",
+    )
     w.add_argument("--loglevel", "-l", default="INFO")
     w.add_argument("--hostname", "-n", default="")
     w.add_argument("--events", "-E", action="store_true", help="send task events (for Flower)")
     w.set_defaults(func=_worker)
     d = sub.add_parser("demo", help="run a turn of the clinic tools (embedded without a broker)")
     d.add_argument("--tools", default="examples.clinic")
+    d.add_argument("--from-catalog", action="store_true", help="tool schemas from live workers")
+    d.add_argument("--wait", type=float, default=60.0, help="seconds to wait for workers")
     d.set_defaults(func=_demo)
+    add_approvals_parser(sub)
+    add_fleet_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

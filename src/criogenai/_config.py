@@ -7,13 +7,17 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ._errors import ConfigurationError
+from ._wire import DEFAULT_MAX_STORED_CHARS
 
 DEFAULT_TOOL_TIMEOUT_SECS = 60.0
 DEFAULT_MAX_RESULT_CHARS = 100_000
 DEFAULT_RETENTION_SECS = 7 * 24 * 3600
+DEFAULT_MAX_STORED_RESULT_CHARS = DEFAULT_MAX_STORED_CHARS
+DEFAULT_MAX_ARGUMENT_DEPTH = 100
+MIN_SIGNING_SECRET_CHARS = 16
 
 
 class _Value(BaseModel):
@@ -56,6 +60,11 @@ class Limits(_Value):
     """With no live worker on a call's queue, how long to wait for one before giving up."""
     max_calls_per_turn: int = Field(128, ge=1)
     max_argument_bytes: int = Field(256 * 1024, ge=1)
+    max_argument_depth: int = Field(DEFAULT_MAX_ARGUMENT_DEPTH, ge=1, le=500)
+    """Nesting of objects and arrays in a call's arguments; deeper calls are refused unparsed."""
+    max_stored_result_chars: int = Field(DEFAULT_MAX_STORED_RESULT_CHARS, gt=0)
+    """What is kept with the run (the full value of a cut result, exception details), in characters."""
+    max_model_rounds: int = Field(20, ge=1, le=1000)  # model calls in one agent run
 
     @classmethod
     def coerce(cls, value: Limits | Mapping[str, Any] | None) -> Limits:
@@ -75,6 +84,9 @@ class Settings(_Value):
     With no broker URL the engine is embedded: one process, kombu's in-memory transport.
     """
 
+    # Errors never echo a value back: URLs hold passwords, and the signing secret is a secret.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
     broker_url: str | None = None
     result_backend: str | None = None
     """Defaults to the broker URL when that is Redis."""
@@ -87,6 +99,16 @@ class Settings(_Value):
     """How long finished results are kept under their run."""
     visibility_timeout_secs: int = Field(3600, ge=60)
     """The Redis transport's redelivery backstop; criogenai's lease recovers calls much sooner."""
+    signing_secret: str | None = Field(None, repr=False)
+    """Shared by dispatchers and workers: calls are signed (HMAC-SHA256) and workers refuse unsigned or
+    altered ones. Without it, workers ignore signatures. See ``criogenai._signing``."""
+
+    @field_validator("signing_secret")
+    @classmethod
+    def _secret_long_enough(cls, value: str | None) -> str | None:
+        if value is not None and len(value) < MIN_SIGNING_SECRET_CHARS:
+            raise ValueError(f"signing_secret must have at least {MIN_SIGNING_SECRET_CHARS} characters")
+        return value
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
@@ -114,7 +136,8 @@ class Settings(_Value):
             "result_backend": env.get("CRIOGENAI_RESULT_BACKEND") or None,
             "redis_url": env.get("CRIOGENAI_REDIS_URL") or None,
         }
-        for field in ("key_prefix", "lease_secs", "retention_secs", "visibility_timeout_secs"):
+        named = ("key_prefix", "lease_secs", "retention_secs", "visibility_timeout_secs", "signing_secret")
+        for field in named:
             raw = env.get(f"CRIOGENAI_{field.upper()}")
             if raw:
                 values[field] = raw

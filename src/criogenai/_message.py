@@ -17,6 +17,18 @@ def hard_limit_secs(timeout_secs: float) -> float:
     return timeout_secs + min(10.0, max(1.0, 0.1 * timeout_secs))
 
 
+def task_options(payload: ToolTask) -> dict[str, Any]:
+    """The Celery options of a call's message, shared by both ways of publishing it."""
+    return {
+        "soft_time_limit": payload.timeout_secs,
+        "time_limit": hard_limit_secs(payload.timeout_secs),
+        # What Flower and the worker's log show: the tool's name and the ids, never the arguments.
+        "shadow": f"tool:{payload.call.name}",
+        "argsrepr": "()",
+        "kwargsrepr": f"{{run_id: {payload.run_id!r}, call_id: {payload.call.id!r}}}",
+    }
+
+
 def send_call(
     app: Any, payload: ToolTask, queue: str, *, producer: Any = None, countdown: float | None = None
 ) -> str:
@@ -27,14 +39,8 @@ def send_call(
         kwargs={"task": payload.model_dump(mode="json")},
         task_id=tid,
         queue=queue,
-        soft_time_limit=payload.timeout_secs,
-        time_limit=hard_limit_secs(payload.timeout_secs),
         countdown=countdown,
         producer=producer,
-        # What Flower and the worker's log show: the tool's name and the ids, never the arguments.
-        shadow=f"tool:{payload.call.name}",
-        argsrepr="()",
-        kwargsrepr=f"{{run_id: {payload.run_id!r}, call_id: {payload.call.id!r}}}",
         retry=True,
         retry_policy={
             "max_retries": 5,
@@ -42,5 +48,6 @@ def send_call(
             "interval_step": 0.5,
             "interval_max": 2.0,
         },
+        **task_options(payload),
     )
     return tid

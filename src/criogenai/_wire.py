@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 WIRE_VERSION: Literal[1] = 1
+DEFAULT_MAX_STORED_CHARS = 1_000_000
 
 ToolStatus = Literal[
     "ok",
@@ -22,6 +23,9 @@ ToolStatus = Literal[
     "exception",
     "lost",
     "not_started",
+    "pending_approval",
+    "rejected",
+    "blocked",
 ]
 """What happened to a call.
 
@@ -32,6 +36,12 @@ ToolStatus = Literal[
 - ``exception``: an unexpected exception, shown or hidden as ``on_tool_exception`` says.
 - ``lost``: the call started but its worker died too often, or its result never came back.
 - ``not_started``: no worker picked the call up in time; it will not run later.
+- ``pending_approval``: the tool is in the ``approve`` list and waits for a person; it has not run.
+  Running the turn again with the same run id runs it once approved.
+- ``rejected``: a person rejected the call; ``content`` carries their reason. The tool never ran.
+- ``blocked``: a ``before_tool`` hook blocked the call (``content`` is its message, or names the
+  hook that raised) and the tool never ran; or an ``after_tool`` hook raised, and the result was
+  withheld from the model (kept in ``artifact["withheld"]``; ``attempts`` says the tool ran).
 """
 
 OnToolException = Literal["return_to_model", "return_generic", "fail"]
@@ -68,6 +78,8 @@ class ToolResult(_Wire):
     truncated: bool = False
     """``content`` was cut to the size limit."""
     duration_secs: float | None = None
+    cached: bool = False
+    """A ``before_tool`` hook (such as ``ResultCache``) answered the call; the tool did not run."""
 
     @property
     def ok(self) -> bool:
@@ -93,3 +105,10 @@ class ToolTask(_Wire):
     """The Redis list the dispatcher waits on; None when nobody waits (a re-drive after a crash)."""
     deadline: float
     """Unix time after which the call must not start: the dispatcher has given up on it."""
+    max_stored_chars: int = Field(
+        DEFAULT_MAX_STORED_CHARS, gt=0, exclude_if=lambda v: v == DEFAULT_MAX_STORED_CHARS
+    )
+    """What the worker keeps with the run at most (a cut result's full value, exception details)."""
+    signature: str | None = Field(None, exclude_if=lambda v: v is None)
+    """HMAC of the call by its dispatcher (``criogenai._signing``), when a signing secret is set.
+    Left out of the message when None, so workers that predate it still read unsigned calls."""

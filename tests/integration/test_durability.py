@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from criogenai import Dispatcher, Limits, Retry, Settings, ToolCall
+from criogenai._keys import task_id
 from criogenai._message import send_call
 from criogenai._wire import ToolTask
 from criogenai.worker import create_app
@@ -174,7 +175,8 @@ def test_poison_messages_are_refused_and_the_worker_keeps_serving(worker_factory
     assert "ContentDisallowed" in log or "disallowed" in log.lower()
     shape = json.loads(client.get("celery-task-meta-poison-shape"))
     assert shape["status"] == "FAILURE"
-    forged_meta = json.loads(client.get("celery-task-meta-poison-name"))
+    # results are filed under the call's own task id (run id + call id), whatever the message said
+    forged_meta = json.loads(client.get(f"celery-task-meta-{task_id('r', 'y')}"))
     assert forged_meta["result"]["status"] == "unknown_tool"
     assert w.proc.poll() is None
 

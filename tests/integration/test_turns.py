@@ -138,9 +138,9 @@ def test_return_generic_hides_the_exception_from_the_model(fleet: WorkerProcess)
         [r] = d.run_turn_sync([ToolCall(id="x", name="boom", arguments={"secret": "hunter2"})])
     assert r.status == "exception"
     assert "hunter2" not in r.content and "RuntimeError" not in r.content
-    exc = r.artifact["exception"]
-    assert exc["type"] == "RuntimeError" and "hunter2" in exc["message"]
-    assert "Traceback" in exc["traceback"]
+    # The text is kept in the artifact, with the run, for people (the Tools page's promise).
+    assert r.artifact["exception"]["type"] == "RuntimeError"
+    assert "hunter2" in r.artifact["exception"]["message"]
 
 
 def test_fail_raises_tool_failed_with_the_remote_exception_as_cause(fleet: WorkerProcess) -> None:

@@ -9,18 +9,34 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import redis
+
 from .._config import Limits, Retry, Settings
 from .._errors import ConfigurationError, RemoteToolException, ToolFailed
 from .._message import hard_limit_secs
+from .._signing import sign
 from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
 from ..tools import Tool, ToolRegistry
 from ..worker._app import create_app, make_ledger
 from ..worker._ledger import Ledger
+from ._approvals import Approvals
 from ._embedded import EmbeddedWorker
 from ._engine import Engine, Send
+from ._gate import Gate, run_sync
+from ._hooks import AfterHook, BeforeHook
+from ._publish import RedisPublisher
 from ._validate import ValidCall, check_turn, coerce_calls
 
 CallLike = ToolCall | Mapping[str, Any]
+
+
+def _redis_publisher(app: Any, settings: Settings) -> RedisPublisher | None:
+    """The one-round-trip publisher when the broker is Redis; otherwise kombu's producer is used."""
+    url = settings.broker_url or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10)
+    return RedisPublisher(app, client)
 
 
 class Dispatcher:
@@ -40,6 +56,9 @@ class Dispatcher:
         broker_url: str | None = None,
         result_backend: str | None = None,
         settings: Settings | None = None,
+        approve: Iterable[str] = (),
+        before_tool: Sequence[BeforeHook] = (),
+        after_tool: Sequence[AfterHook] = (),
     ) -> None:
         if on_tool_exception not in ("return_to_model", "return_generic", "fail"):
             raise ConfigurationError(
@@ -52,6 +71,9 @@ class Dispatcher:
         self.on_tool_exception: OnToolException = on_tool_exception
         self.settings = settings or Settings.from_env(broker_url=broker_url, result_backend=result_backend)
         self._check_limits()
+        self._gate = Gate(
+            self.registry, self.settings, approve=approve, before_tool=before_tool, after_tool=after_tool
+        )
         self._engine: Engine | None = None
         self._embedded: EmbeddedWorker | None = None
         self._lock = threading.Lock()
@@ -79,10 +101,14 @@ class Dispatcher:
                     app.conf.worker_enable_remote_control = False
                     self._embedded = EmbeddedWorker(app)
                     self._embedded.start()
+                    publisher = None
                 else:
                     ledger = make_ledger(self.settings)
                     app = create_app(self.settings)
-                self._engine = Engine(app, ledger, self.limits, prefix=self.settings.key_prefix)
+                    publisher = _redis_publisher(app, self.settings)
+                self._engine = Engine(
+                    app, ledger, self.limits, prefix=self.settings.key_prefix, publisher=publisher
+                )
             return self._engine
 
     def close(self) -> None:
@@ -107,32 +133,56 @@ class Dispatcher:
         """Run one turn's calls concurrently on the fleet; one result per call, in order.
 
         Passing the ``run_id`` of an earlier attempt returns its finished calls' stored results
-        without running them again. Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
+        without running them again; that is also how a turn resumes after approvals were decided.
+        Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
         """
-        ordered, rid, sends, done, check = self._prepare(calls, run_id)
-        future = self._start().submit(rid, sends, check_finished=check)
+        ordered, rid, valid, done = self._prepare(calls, run_id)
+        turn = await self._gate.before(rid, valid, done, self._start().ledger if run_id else None)
+        future = self._start().submit(rid, self._sends(turn.valid, rid), check_finished=run_id is not None)
         gathered = await asyncio.wrap_future(future)
-        return self._finish(ordered, done, gathered)
+        return self._finish(ordered, {}, await self._gate.after(turn, ordered, gathered | turn.done))
 
     def run_turn_sync(self, calls: Sequence[CallLike], *, run_id: str | None = None) -> list[ToolResult]:
         """``run_turn`` for code without an event loop."""
-        ordered, rid, sends, done, check = self._prepare(calls, run_id)
-        gathered = self._start().submit(rid, sends, check_finished=check).result()
-        return self._finish(ordered, done, gathered)
+        ordered, rid, valid, done = self._prepare(calls, run_id)
+        ledger = self._start().ledger if run_id else None
+        turn = run_sync(self._gate.before(rid, valid, done, ledger)) if not self._gate.empty else None
+        sends = self._sends(turn.valid if turn else valid, rid)
+        gathered = self._start().submit(rid, sends, check_finished=run_id is not None).result()
+        if turn is None:
+            return self._finish(ordered, done, gathered)
+        return self._finish(ordered, {}, run_sync(self._gate.after(turn, ordered, gathered | turn.done)))
+
+    @property
+    def approvals(self) -> Approvals:
+        """Decide this dispatcher's pending approvals in process (any process can: see ``Approvals``)."""
+        return self._gate.approvals
+
+    def fetch_full(self, run_id: str, call_id: str) -> str:
+        """The full text of a call's result, kept with its run beyond the cut the model read.
+
+        LookupError when nothing is kept for it (see ``criogenai.fetch_full``).
+        """
+        from .._results import full_text
+
+        return full_text(self._start().ledger, run_id, call_id)
 
     def _prepare(
         self, calls: Sequence[CallLike], run_id: str | None
-    ) -> tuple[list[ToolCall], str, list[Send], dict[str, ToolResult], bool]:
+    ) -> tuple[list[ToolCall], str, list[ValidCall], dict[str, ToolResult]]:
         ordered = coerce_calls(calls)
         rid = run_id or uuid.uuid4().hex
         valid, done = check_turn(ordered, self.registry, self.limits, rid)
+        return ordered, rid, valid, done
+
+    def _sends(self, valid: list[ValidCall], rid: str) -> list[Send]:
         engine = self._start()
-        sends = [Send(self._task(v, rid, engine.reply_to), v.tool.queue, v.tool.retryable) for v in valid]
-        return ordered, rid, sends, done, run_id is not None
+        return [Send(self._task(v, rid, engine.reply_to), v.tool.queue, v.tool.retryable) for v in valid]
 
     def _task(self, v: ValidCall, run_id: str, reply_to: str) -> ToolTask:
+        """The call's message body, signed when the settings have a signing secret."""
         r = self.retry
-        return ToolTask(
+        task = ToolTask(
             run_id=run_id,
             call=v.call,
             timeout_secs=v.tool.timeout_secs or self.limits.tool_timeout_secs,
@@ -144,7 +194,10 @@ class Dispatcher:
             max_result_chars=self.limits.max_result_chars,
             reply_to=reply_to,
             deadline=time.time() + self.limits.queue_wait_secs,
+            max_stored_chars=max(self.limits.max_stored_result_chars, self.limits.max_result_chars),
         )
+        secret = self.settings.signing_secret
+        return sign(task, secret) if secret else task
 
     def _finish(
         self, ordered: list[ToolCall], done: dict[str, ToolResult], gathered: dict[str, ToolResult]

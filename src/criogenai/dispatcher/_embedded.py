@@ -16,14 +16,49 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def _pool_for(app: Any) -> type:
+    """Celery's threads pool, with this app current in its threads: a pool thread runs a task by
+    looking its name up in the current app, and each embedded engine has an app of its own."""
+    from celery.concurrency.thread import TaskPool
+
+    class AppThreadPool(TaskPool):  # type: ignore[misc]
+        def on_apply(self, target: Any, *args: Any, **kwargs: Any) -> Any:
+            def in_app(*a: Any, **kw: Any) -> Any:
+                app.set_current()
+                return target(*a, **kw)
+
+            return super().on_apply(in_app, *args, **kwargs)
+
+    return AppThreadPool
+
+
+def _own_memory_transport() -> type:
+    """kombu's in-memory transport keeps its queues in class attributes, shared by every app of
+    the process: each embedded engine gets its own, so one never takes another's calls."""
+    from collections import defaultdict
+
+    from kombu.transport import memory, virtual
+
+    class Channel(memory.Channel):
+        events: defaultdict[str, set[Any]] = defaultdict(set)
+        queues: dict[str, Any] = {}
+
+    class Transport(memory.Transport):
+        global_state = virtual.BrokerState()  # type: ignore[no-untyped-call]
+
+    Transport.Channel = Channel
+    return Transport
+
+
 class EmbeddedWorker:
     """A Celery WorkController on the threads pool, on a daemon thread of this process."""
 
     def __init__(self, app: Any, *, concurrency: int = 8) -> None:
         self._ready = threading.Event()
+        app.conf.broker_transport = _own_memory_transport()
         self._worker = app.WorkController(
             app=app,
-            pool_cls="threads",
+            pool_cls=_pool_for(app),
             concurrency=concurrency,
             hostname=f"embedded-{os.getpid()}@{socket.gethostname()}",
             loglevel=logging.WARNING,

@@ -23,6 +23,7 @@ from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs, send_call
 from .._wire import ToolResult, ToolStatus, ToolTask
 from ..worker._ledger import Ledger
+from ._publish import RedisPublisher
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,17 @@ def _ended(run_id: str, payload: ToolTask, status: ToolStatus, text: str) -> Too
 class Engine:
     """Publishing and gathering for one dispatcher, on two daemon threads."""
 
-    def __init__(self, app: Any, ledger: Ledger, limits: Limits, *, prefix: str = "crg") -> None:
+    def __init__(
+        self,
+        app: Any,
+        ledger: Ledger,
+        limits: Limits,
+        *,
+        prefix: str = "crg",
+        publisher: RedisPublisher | None = None,
+    ) -> None:
         self.app = app
+        self._fast = publisher
         self.ledger = ledger
         self.limits = limits
         self.reply_to = f"{prefix}:reply:{uuid.uuid4().hex}"
@@ -145,6 +155,9 @@ class Engine:
                     self._settle(turn, result)
 
     def _send(self, sends: list[Send]) -> None:
+        if self._fast is not None:
+            self._fast.publish([(s.payload, s.queue) for s in sends])
+            return
         with self.app.producer_or_acquire() as producer:
             for s in sends:
                 send_call(self.app, s.payload, s.queue, producer=producer)

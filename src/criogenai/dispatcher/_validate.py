@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from .._config import Limits
 from .._outcomes import invalid_arguments
 from .._wire import ToolCall, ToolResult, ToolStatus
-from ..tools import InvalidArguments, Tool, ToolRegistry
+from ..tools import InvalidArguments, Tool, ToolRegistry, cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +49,67 @@ def refused(
     )
 
 
-def _too_large(arguments: Any, limit: int) -> int | None:
+MAX_PROBLEMS_SHOWN = 50
+"""Problems listed for one call; a model needs the first few, and a hostile call can have thousands."""
+
+
+def _not_json(value: object) -> str | None:
+    """Why a leaf value is not JSON, or None when it is."""
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+    return f"a {type(value).__name__} is not a JSON value"
+
+
+def _shape_problem(arguments: Any, limits: Limits) -> str | None:
+    """Why the arguments cannot be sent as they are (too deep, too big, not JSON), or None.
+
+    Walks the value with its own stack and a running lower bound of its JSON size, so that a
+    100,000-deep value costs no recursion and a huge one is refused before it is serialized.
+    """
+    budget, max_depth = limits.max_argument_bytes, limits.max_argument_depth
+    too_big = f"the arguments are over {budget} bytes of JSON; at most {budget} are allowed"
+    least = 0  # bytes the JSON text has at least
+    stack: list[tuple[Any, int]] = [(arguments, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list | tuple):
+            if depth > max_depth:
+                return f"the arguments nest deeper than {max_depth} levels of objects and arrays"
+            least += 1 + 2 * len(value)  # brackets, one separator and one byte at least per item
+            if least > budget:
+                return too_big
+            if isinstance(value, dict):
+                for k, item in value.items():
+                    if not isinstance(k, str):
+                        return f"not JSON: an object key is a {type(k).__name__}, not a string"
+                    least += len(k) + 3
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+        else:
+            why = _not_json(value)
+            if why is not None:
+                return f"not JSON: {why}"
+            least += len(value) + 2 if isinstance(value, str) else 1
+        if least > budget:
+            return too_big
     try:
         size = len(json.dumps(arguments, separators=(",", ":"), ensure_ascii=False).encode())
-    except (TypeError, ValueError, RecursionError):
-        return None  # not JSON: validation reports it
-    return size if size > limit else None
+    except (TypeError, ValueError, RecursionError) as exc:  # an int of thousands of digits
+        return f"not JSON: {type(exc).__name__}"
+    if size > budget:
+        return f"the arguments are {size} bytes of JSON; at most {budget} are allowed"
+    return None
+
+
+def _bounded(result: ToolResult, limits: Limits) -> ToolResult:
+    """A refusal's text within what the model may be sent."""
+    if len(result.content) <= limits.max_result_chars:
+        return result
+    body = cut(result.content, limits.max_result_chars)
+    return result.model_copy(update={"content": body.text, "truncated": True})
 
 
 def check_turn(
@@ -87,18 +143,18 @@ def check_turn(
                 {"available": registry.names()},
             )
             continue
-        size = _too_large(c.arguments, limits.max_argument_bytes)
-        if size is not None:
-            done[c.id] = _problem(
-                c,
-                run_id,
-                f"the arguments are {size} bytes of JSON; at most {limits.max_argument_bytes} are allowed",
-            )
+        shape = _shape_problem(c.arguments, limits)
+        if shape is not None:
+            done[c.id] = _problem(c, run_id, shape)
             continue
         checked = tool.validate(c.arguments)
         if isinstance(checked, InvalidArguments):
-            out = invalid_arguments(c.name, checked.problems)
-            done[c.id] = refused(c, run_id, "invalid_arguments", out.content, out.artifact)
+            problems = checked.problems
+            if len(problems) > MAX_PROBLEMS_SHOWN:
+                more = len(problems) - MAX_PROBLEMS_SHOWN
+                problems = [*problems[:MAX_PROBLEMS_SHOWN], f"... and {more} more problem(s)"]
+            out = invalid_arguments(c.name, problems)
+            done[c.id] = _bounded(refused(c, run_id, "invalid_arguments", out.content, out.artifact), limits)
             continue
         valid.append(ValidCall(c, tool))
     return valid, done

@@ -23,7 +23,7 @@ class Content:
 def _to_jsonable(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
-    raise TypeError(f"a {type(value).__name__} is not a JSON value")
+    raise TypeError(f"the tool returned a {type(value).__name__}, which is not a JSON value")
 
 
 def to_json_text(value: Any) -> str:

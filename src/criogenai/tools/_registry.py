@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
 from ._tool import Tool
+
+if TYPE_CHECKING:
+    from .._config import Settings
 
 
 class ToolRegistry:
@@ -40,6 +43,21 @@ class ToolRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
+
+    @classmethod
+    def from_catalog(cls, names: Sequence[str], settings: Settings | None = None) -> ToolRegistry:
+        """Tools by name from the fleet's catalog, for an agent process without the tools' code.
+
+        Each validates calls against the schema its live workers publish. ConfigurationError when
+        a name has no live worker, or when live workers serve it with different schemas.
+        """
+        from .._catalog import Catalog
+
+        catalog = Catalog.from_settings(settings)
+        try:
+            return catalog.registry(names)
+        finally:
+            catalog.client.close()
 
     @classmethod
     def from_modules(cls, modules: Iterable[str]) -> ToolRegistry:

@@ -8,12 +8,18 @@ running twice.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
+import redis
 from celery import Celery
 
+from .._catalog import Catalog, CatalogPublisher
 from .._config import Settings
-from .._keys import DEFAULT_QUEUE
+from .._errors import ConfigurationError
+from .._keys import DEFAULT_QUEUE, TASK_NAME
+from .._metrics import stamp_published_calls
 from ..tools import ToolRegistry
 from ._ledger import Ledger, MemoryLedger, RedisLedger
 from ._task import WorkerRuntime, register
@@ -60,9 +66,47 @@ def _celery_conf(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "enable_utc": True,
     }
-    if (settings.broker_url or "").startswith("redis://"):
+    if (settings.broker_url or "").startswith(("redis://", "rediss://")):
         conf["broker_transport"] = TRANSPORT
+    if _unverified_tls(settings.broker_url):
+        conf["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    if _unverified_tls(settings.result_backend):
+        conf["redis_backend_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     return conf
+
+
+def _unverified_tls(url: str | None) -> bool:
+    """A ``rediss://`` URL that does not say how to check the server's certificate.
+
+    kombu would then connect without checking it at all; criogenai checks it against the system's
+    CAs instead (as redis-py does for the ledger). Say otherwise in the URL: ``?ssl_cert_reqs=
+    required&ssl_ca_certs=/path/ca.crt`` (``ssl_certfile`` and ``ssl_keyfile`` for client certs).
+    """
+    if not (url or "").startswith("rediss://"):
+        return False
+    return "ssl_cert_reqs" not in dict(parse_qsl(urlsplit(url or "").query))
+
+
+def _check_login(ledger: Ledger) -> None:
+    """Fail fast when Redis refuses the URL's credentials or certificate: Celery would retry
+    those forever, like an outage. Redis not up yet is left to Celery's retries."""
+    if not isinstance(ledger, RedisLedger):
+        return
+    try:
+        ledger.client.ping()
+    except redis.AuthenticationError as exc:
+        raise ConfigurationError(f"Redis refused the credentials in the URL: {exc}") from None
+    except redis.ConnectionError as exc:
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            raise ConfigurationError(f"Redis's TLS certificate was not accepted: {exc}") from None
+
+
+def _drop_builtin_tasks(app: Celery) -> None:
+    """Unregister Celery's own tasks (``celery.chord_unlock``, ``celery.map``, ...): criogenai
+    sends only its call task, and a message naming any other is then refused as unregistered
+    before any code runs, instead of reaching tasks that call others or retry forever."""
+    for name in [n for n in app.tasks if n != TASK_NAME]:
+        app.tasks.unregister(name)
 
 
 def make_ledger(settings: Settings) -> Ledger:
@@ -72,6 +116,7 @@ def make_ledger(settings: Settings) -> Ledger:
             prefix=settings.key_prefix,
             lease_secs=settings.lease_secs,
             retention_secs=settings.retention_secs,
+            celery_results=settings.redis_url == settings.result_backend,
         )
     return MemoryLedger(lease_secs=settings.lease_secs)
 
@@ -80,10 +125,17 @@ def create_app(
     settings: Settings, registry: ToolRegistry | None = None, ledger: Ledger | None = None
 ) -> Celery:
     """A Celery app for criogenai; with a registry, also the task that runs its tools."""
+    stamp_published_calls()
     app = Celery("criogenai", set_as_current=False)
     app.conf.update(_celery_conf(settings))
     if registry is not None:
-        runtime = WorkerRuntime(app, registry, ledger or make_ledger(settings))
+        ledger = ledger or make_ledger(settings)
+        _check_login(ledger)
+        runtime = WorkerRuntime(app, registry, ledger, signing_secret=settings.signing_secret)
         register(app, runtime)
+        _drop_builtin_tasks(app)
+        if isinstance(runtime.ledger, RedisLedger):  # a fleet: publish the tools it serves
+            catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix)
+            runtime.on_heartbeat = CatalogPublisher(catalog, registry)
         app.criogenai_runtime = runtime
     return app

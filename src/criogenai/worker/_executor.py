@@ -18,7 +18,7 @@ from typing import Any
 
 from .._errors import ToolError
 from .._outcomes import Outcome, invalid_arguments, timed_out, unexpected
-from .._wire import OnToolException
+from .._wire import DEFAULT_MAX_STORED_CHARS, OnToolException
 from ..tools import InvalidArguments, Tool, ToolContext, cut, to_json_text
 
 log = logging.getLogger(__name__)
@@ -131,10 +131,12 @@ def execute(
     timeout_secs: float,
     on_tool_exception: OnToolException,
     max_result_chars: int,
+    max_stored_chars: int = DEFAULT_MAX_STORED_CHARS,
     inline_sync: bool = False,
     interrupts: tuple[type[BaseException], ...] = (),
 ) -> Outcome:
-    """Run one call of ``tool`` and say what happened.
+    """Run one call of ``tool`` and say what happened; texts within ``max_result_chars`` for the
+    model and ``max_stored_chars`` for what the run keeps.
 
     ``inline_sync`` runs a sync tool on the calling thread (a prefork child, where Celery's limits
     interrupt it); otherwise it runs on a thread and is abandoned at its limit. ``interrupts`` are
@@ -142,7 +144,7 @@ def execute(
     """
     checked = tool.validate(arguments)
     if isinstance(checked, InvalidArguments):
-        return invalid_arguments(tool.name, checked.problems)
+        return invalid_arguments(tool.name, checked.problems[:50])  # an edited call may have thousands
     kwargs = checked.kwargs
     started = time.monotonic()
     try:
@@ -154,16 +156,55 @@ def execute(
             value = _run_sync_on_thread(lambda: tool.invoke(kwargs, ctx), timeout_secs)
         text = to_json_text(value)
     except ToolError as exc:
+        message = cut(str(exc.message), max_result_chars)
         return Outcome(
             "tool_error",
-            exc.message,
+            message.text,
+            truncated=message.truncated,
             retryable=exc.retryable,
             duration_secs=time.monotonic() - started,
         )
     except (_TimedOut, *interrupts):  # type: ignore[misc]
         return timed_out(tool.name, timeout_secs, time.monotonic() - started)
     except Exception as exc:
-        return unexpected(tool.name, exc, on_tool_exception, time.monotonic() - started)
+        caps = (max_result_chars, max(max_stored_chars, max_result_chars))
+        return _unexpected(tool, ctx, exc, on_tool_exception, caps, time.monotonic() - started)
     body = cut(text, max_result_chars)
-    artifact = {"full_chars": body.full_chars} if body.truncated else None
+    artifact: dict[str, Any] | None = None
+    if body.truncated:  # the model gets the cut text; the run keeps the value, up to the stored cap
+        artifact = {"full_chars": body.full_chars, "full": cut(text, max_stored_chars).text}
     return Outcome("ok", body.text, artifact, body.truncated, duration_secs=time.monotonic() - started)
+
+
+def _unexpected(
+    tool: Tool[..., Any],
+    ctx: ToolContext,
+    exc: Exception,
+    policy: OnToolException,
+    caps: tuple[int, int],
+    duration: float,
+) -> Outcome:
+    """An exception the tool did not mean for the model, within the size caps.
+
+    Under ``return_generic`` its text (message and traceback) is not sent: as the Tools page
+    says, it is kept in the result's artifact, stored with the run (never in content, in
+    Celery's result record or in a log line).
+    """
+    model_cap, stored_cap = caps
+    if policy == "return_generic":
+        log.error(
+            "call %s/%s: tool %s raised %s; its text is hidden from the model by return_generic "
+            "and kept with the run's result", ctx.run_id, ctx.call_id, tool.name, type(exc).__name__,
+        )
+    try:
+        out = unexpected(tool.name, exc, policy, duration)
+    except Exception:  # an exception whose str() raises
+        out = unexpected(tool.name, RuntimeError(f"unprintable {type(exc).__name__}"), policy, duration)
+    details = dict((out.artifact or {}).get("exception") or {})
+    for field in ("message", "traceback"):
+        if isinstance(details.get(field), str):
+            details[field] = cut(details[field], stored_cap).text
+    body = cut(out.content, model_cap)
+    return Outcome(
+        "exception", body.text, {"exception": details}, body.truncated, duration_secs=duration
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from ._ledger import Ledger
 
@@ -51,12 +52,24 @@ class LeaseKeeper:
                 log.warning("could not renew %d claim(s)", len(held), exc_info=True)
 
 
+BeatHook = Callable[[str, list[str], bool], None]
+"""Called with (worker, queues, stop) on every beat and at the stop: the tool catalog's publisher."""
+
+
 class Heartbeat:
     """Tells dispatchers this worker serves its queues, every few seconds, until stopped."""
 
-    def __init__(self, ledger: Ledger, worker: str, queues: list[str], interval: float = 3.0) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        worker: str,
+        queues: list[str],
+        interval: float = 3.0,
+        also: BeatHook | None = None,
+    ) -> None:
         self._ledger, self._worker, self._queues = ledger, worker, queues
         self._interval = interval
+        self._also = also
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="criogenai-heartbeat", daemon=True)
 
@@ -67,6 +80,8 @@ class Heartbeat:
         self._stop.set()
         try:
             self._ledger.heartbeat(self._worker, self._queues, stop=True)
+            if self._also is not None:
+                self._also(self._worker, self._queues, True)
         except Exception:
             log.warning("could not withdraw worker %s", self._worker, exc_info=True)
 
@@ -74,6 +89,8 @@ class Heartbeat:
         while True:
             try:
                 self._ledger.heartbeat(self._worker, self._queues)
+                if self._also is not None:
+                    self._also(self._worker, self._queues, False)
             except Exception:
                 log.warning("heartbeat failed", exc_info=True)
             if self._stop.wait(self._interval):

@@ -11,15 +11,17 @@ embedded engine (one process).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal, Protocol, cast
 
 import redis
 
-from .._keys import Keys
+from .._keys import Keys, task_id
 from .._wire import ToolResult
 
 ClaimKind = Literal["claimed", "done", "busy", "expired"]
@@ -42,6 +44,7 @@ class Progress:
 
 class Ledger(Protocol):
     lease_secs: float
+    stores_celery_results: bool
 
     def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
         """Take the call for a run, unless it is finished, held by a live run, or was never
@@ -130,8 +133,31 @@ if ARGV[6] == '1' then
   redis.call('RPUSH', KEYS[4], ARGV[2])
   redis.call('EXPIRE', KEYS[4], ARGV[5])
 end
+if ARGV[7] ~= '' then
+  -- Celery's own result record, as its Redis backend writes it (SETEX, then PUBLISH).
+  redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[3])
+  redis.call('PUBLISH', KEYS[5], ARGV[7])
+end
 return 1
 """
+
+_META = "celery-task-meta-"
+
+
+def _celery_meta(tid: str, result: ToolResult) -> str:
+    """Celery's SUCCESS record for a call: the result without its artifact (never for models or
+    other readers of the backend: it may hold what ``return_generic`` hides)."""
+    return json.dumps(
+        {
+            "status": "SUCCESS",
+            "result": result.model_dump(mode="json", exclude={"artifact"}),
+            "traceback": None,
+            "children": [],
+            "date_done": datetime.now(UTC).isoformat(),
+            "task_id": tid,
+        }
+    )
+
 
 _CLAIM_CODES = {-1: Claim("done"), -2: Claim("busy"), -3: Claim("expired")}
 REPLY_TTL_SECS = 3600
@@ -148,8 +174,12 @@ class RedisLedger:
         prefix: str = "crg",
         lease_secs: float = 10.0,
         retention_secs: int = 7 * 24 * 3600,
+        celery_results: bool = False,
     ) -> None:
         self.keys = Keys(prefix)
+        self.stores_celery_results = celery_results
+        """Also write Celery's ``celery-task-meta-<id>`` record in the same step (one round trip
+        instead of three), so the worker's task can skip Celery's own result store."""
         self.lease_secs = lease_secs
         self.retention_secs = retention_secs
         common = dict(
@@ -212,9 +242,10 @@ class RedisLedger:
         k = self.keys
         target = k.results(run_id) if done else k.failed(run_id)
         reply = reply_to or k.reply("none")
+        tid = task_id(run_id, result.call_id)
         return bool(
             self._finish(
-                keys=[target, k.results(run_id), k.claim(run_id, result.call_id), reply],
+                keys=[target, k.results(run_id), k.claim(run_id, result.call_id), reply, _META + tid],
                 args=[
                     result.call_id,
                     result.model_dump_json(),
@@ -222,6 +253,7 @@ class RedisLedger:
                     token or "",
                     REPLY_TTL_SECS,
                     "1" if reply_to else "0",
+                    _celery_meta(tid, result) if self.stores_celery_results else "",
                 ],
             )
         )
@@ -305,6 +337,7 @@ class MemoryLedger:
 
     def __init__(self, *, lease_secs: float = 10.0) -> None:
         self.lease_secs = lease_secs
+        self.stores_celery_results = False
         self._lock = threading.Condition()
         self._results: dict[str, dict[str, ToolResult]] = defaultdict(dict)
         self._failed: dict[str, dict[str, ToolResult]] = defaultdict(dict)

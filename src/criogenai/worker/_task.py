@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 from billiard.exceptions import WorkerLostError
 from celery import Celery, Task, signals
@@ -19,12 +19,13 @@ from pydantic import ValidationError
 
 from .._config import backoff_secs
 from .._keys import MAX_LOST_RUNS, TASK_NAME
-from .._message import send_call
+from .._message import hard_limit_secs, send_call
 from .._outcomes import Outcome, timed_out
+from .._signing import refusal
 from .._wire import ToolResult, ToolTask
 from ..tools import ToolContext, ToolRegistry
 from . import _executor
-from ._leases import Heartbeat, LeaseKeeper
+from ._leases import BeatHook, Heartbeat, LeaseKeeper
 from ._ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,16 @@ def _for_celery(result: ToolResult) -> dict[str, Any]:
 class WorkerRuntime:
     """What a worker process needs to run calls: its tools, the ledger and its identity."""
 
-    def __init__(self, app: Celery, registry: ToolRegistry, ledger: Ledger) -> None:
+    def __init__(
+        self, app: Celery, registry: ToolRegistry, ledger: Ledger, *, signing_secret: str | None = None
+    ) -> None:
         self.app = app
         self.registry = registry
         self.ledger = ledger
+        self.signing_secret = signing_secret
+        """With a secret, only calls signed with it run (``_signing``); without, signatures are ignored."""
         self.leases = LeaseKeeper(ledger)
+        self.on_heartbeat: BeatHook | None = None  # the tool catalog's publisher (``_catalog``)
         self.inline_sync = False
         self.token = self._new_token()
 
@@ -81,9 +87,14 @@ class WorkerRuntime:
                 f"not a criogenai call (v1): {exc.error_count()} problem(s)", requeue=False
             ) from None
         call, run_id = payload.call, payload.run_id
+        why = self._refusal(task, payload)
+        if why is not None:
+            self._refuse(task, payload, why)
         tool = self.registry.get(call.name)
         if tool is None:
             # A forged name, or a tool this worker does not have: nothing is imported or run.
+            log.error("refused call %s/%s (task %s): unknown tool %r", run_id, call.id, task.request.id,
+                      call.name[:100])
             text = (
                 f"Unknown tool {call.name!r} on this worker. "
                 f"Available tools: {', '.join(self.registry.names())}."
@@ -91,10 +102,16 @@ class WorkerRuntime:
             result = ToolResult(
                 call_id=call.id, name=call.name, run_id=run_id, status="unknown_tool", content=text
             )
-            self.ledger.finish(result, run_id, None, payload.reply_to, done=True)
+            # A token no claim holds: a forged message must not drop a running call's claim.
+            self.ledger.finish(result, run_id, "refused", payload.reply_to, done=True)
             return _for_celery(result)
 
         claim = self.ledger.claim(run_id, call.id, self.token, payload.deadline)
+        if claim.kind == "expired":
+            # Never started and past its deadline (or given up): the dispatcher has already
+            # answered for it, so no result is filed. A replayed old message ends here too.
+            log.warning("call %s/%s not run: its deadline passed before it started", run_id, call.id)
+            raise Ignore()
         if claim.kind != "claimed":
             log.info("call %s/%s not run: %s", run_id, call.id, claim.kind)
             raise Ignore()
@@ -120,6 +137,7 @@ class WorkerRuntime:
                 timeout_secs=payload.timeout_secs,
                 on_tool_exception=payload.on_tool_exception,
                 max_result_chars=payload.max_result_chars,
+                max_stored_chars=payload.max_stored_chars,
                 inline_sync=self.inline_sync,
                 interrupts=(SoftTimeLimitExceeded,),
             )
@@ -145,6 +163,44 @@ class WorkerRuntime:
             self.ledger.await_retry(run_id, call.id, self.token, delay)
             raise task.retry(countdown=delay, max_retries=None)
         return self._finish(payload, outcome, attempt)
+
+    def _refusal(self, task: Task, payload: ToolTask) -> str | None:
+        """Why this message must not run, before any claim or code: its signature, or Celery
+        options that criogenai never sends (follow-up tasks, time limits other than the call's)."""
+        why = refusal(payload, self.signing_secret)
+        if why is not None:
+            return why
+        request = task.request
+        if any(getattr(request, name, None) for name in ("callbacks", "errbacks", "chain", "chord")):
+            return "the message asks for follow-up tasks, which criogenai never sends"
+        if self.signing_secret is not None:
+            limits = tuple(getattr(request, "timelimit", None) or (None, None))
+            wanted = (hard_limit_secs(payload.timeout_secs), payload.timeout_secs)
+            if len(limits) != 2 or any(
+                not isinstance(got, int | float) or abs(got - want) > 1e-6
+                for got, want in zip(limits, wanted, strict=False)
+            ):
+                return "the message's time limits are not the signed call's"
+        return None
+
+    def _refuse(self, task: Task, payload: ToolTask, why: str) -> NoReturn:
+        """File a refusal the dispatcher can show (the call never ran), without taking its claim,
+        then reject the message: Celery sends no follow-up task and stores nothing for it."""
+        call = payload.call
+        log.error("refused call %s/%s (task %s, tool %r): %s; nothing ran",
+                  payload.run_id, call.id, task.request.id, call.name[:100], why)
+        result = ToolResult(
+            call_id=call.id,
+            name=call.name,
+            run_id=payload.run_id,
+            status="not_started",
+            content=f"Tool {call.name!r} was not run: the worker refused the call's message ({why}).",
+            artifact={"refused": why},
+        )
+        # Not filed as finished (done=False), so that running the turn again can still run the
+        # call; a token no claim holds, so that a forged message cannot drop a running call's claim.
+        self.ledger.finish(result, payload.run_id, "refused", payload.reply_to, done=False)
+        raise Reject(f"refused: {why}", requeue=False)
 
     def _finish(self, payload: ToolTask, outcome: Outcome, attempts: int) -> dict[str, Any]:
         result = _result(payload, outcome, attempts)
@@ -179,7 +235,19 @@ class WorkerRuntime:
 def register(app: Celery, runtime: WorkerRuntime) -> None:
     """Register the task and the signal handlers that connect Celery to the runtime."""
 
-    @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=False)  # type: ignore[untyped-decorator]
+    # shared=False: a task shared across apps would make a second app in this process (a second
+    # embedded dispatcher) run the first app's tools.
+    # When the ledger writes Celery's result record itself (in the step that files the result),
+    # Celery's own store would only write it again, at two more round trips.
+    @app.task(  # type: ignore[untyped-decorator]
+        name=TASK_NAME,
+        bind=True,
+        shared=False,
+        acks_late=True,
+        reject_on_worker_lost=False,
+        ignore_result=runtime.ledger.stores_celery_results,
+        store_errors_even_if_ignored=True,  # a refused message keeps Celery's FAILURE record
+    )
     def call(self: Task, task: Any = None) -> dict[str, Any]:
         return runtime.run(self, task)
 
@@ -190,7 +258,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         if getattr(sender, "app", None) is not app:
             return
         queues = sorted(q.name for q in sender.task_consumer.queues)
-        beat = Heartbeat(runtime.ledger, str(sender.hostname), queues)
+        beat = Heartbeat(runtime.ledger, str(sender.hostname), queues, also=runtime.on_heartbeat)
         beat.start()
         heartbeats.append(beat)
 

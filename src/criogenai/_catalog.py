@@ -1,0 +1,290 @@
+"""The tool catalog: what each live worker serves, published to Redis with its heartbeat.
+
+A worker's heartbeat writes one record per tool it serves (name, description, JSON Schema, flags,
+queue, schema hash) under that tool's hash in Redis, at its first beat and every half minute after;
+a record counts while it is fresh and its worker still beats on the tool's queue (the worker sets
+the dispatchers watch). An agent process reads the records back to build tools that validate calls
+exactly as the workers would, without importing the tools' code, and to notice when two live
+workers serve one name with different definitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._config import Settings
+from ._errors import ConfigurationError
+from ._keys import Keys
+
+if TYPE_CHECKING:
+    from .tools import Tool, ToolRegistry
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECS = 30.0
+"""How often a worker rewrites its records; its liveness comes from its heartbeat, every few seconds."""
+CATALOG_TTL_SECS = 3 * REFRESH_SECS
+"""A record not rewritten for this long is stale, whatever its worker's heartbeat says."""
+PRUNE_AFTER_SECS = 10 * CATALOG_TTL_SECS
+"""Records older than this are deleted by whoever reads them."""
+
+
+class CatalogEntry(BaseModel):
+    """One tool as one worker serves it. ``schema_hash`` tells two versions of a tool apart."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    read_only: bool = False
+    idempotent: bool = False
+    destructive: bool = False
+    timeout_secs: float | None = None
+    queue: str
+    schema_hash: str
+    worker: str
+    published_at: float
+    """Unix time the worker last wrote this record."""
+    ttl_secs: float = Field(CATALOG_TTL_SECS, gt=0)
+
+    @classmethod
+    def of(
+        cls, t: Tool[..., Any], worker: str, now: float, ttl_secs: float = CATALOG_TTL_SECS
+    ) -> CatalogEntry:
+        return cls(
+            name=t.name,
+            description=t.description,
+            parameters=t.schema,
+            read_only=t.read_only,
+            idempotent=t.idempotent,
+            destructive=t.destructive,
+            timeout_secs=t.timeout_secs,
+            queue=t.queue,
+            schema_hash=t.schema_hash,
+            worker=worker,
+            published_at=now,
+            ttl_secs=ttl_secs,
+        )
+
+    def fresh(self, now: float) -> bool:
+        return now - self.published_at < self.ttl_secs
+
+    @property
+    def version(self) -> str:
+        """The schema hash, plus whatever else of the definition calls depend on when it differs."""
+        extra = f" queue={self.queue}" + (f" flags={','.join(self.flags)}" if self.flags else "")
+        if self.timeout_secs is not None:
+            extra += f" timeout={self.timeout_secs:g}s"
+        return self.schema_hash + extra
+
+    @property
+    def flags(self) -> list[str]:
+        return [f for f in ("read_only", "idempotent", "destructive") if getattr(self, f)]
+
+
+class Catalog:
+    """The catalog in Redis: a sorted set of tool names, and one hash per tool (worker → record)."""
+
+    def __init__(
+        self, client: redis.Redis, *, prefix: str = "crg", ttl_secs: float = CATALOG_TTL_SECS
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.ttl_secs = ttl_secs
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Catalog:
+        settings = settings or Settings.from_env()
+        if not settings.redis_url:
+            raise ConfigurationError(
+                "the tool catalog lives in the fleet's Redis: set CRIOGENAI_BROKER_URL=redis://..."
+            )
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+        return cls(client, prefix=settings.key_prefix)
+
+    def _index(self) -> str:
+        return f"{self.prefix}:catalog:tools"
+
+    def _tool(self, name: str) -> str:
+        return f"{self.prefix}:catalog:tool:{name}"
+
+    # -- the worker's side ------------------------------------------------------------------------
+
+    def publish(self, worker: str, tools: Iterable[Tool[..., Any]], *, now: float | None = None) -> None:
+        """Write (or refresh) this worker's record of each tool."""
+        now = time.time() if now is None else now
+        keep = int(PRUNE_AFTER_SECS)
+        pipe = self.client.pipeline(transaction=False)
+        for t in tools:
+            entry = CatalogEntry.of(t, worker, now, self.ttl_secs)
+            pipe.hset(self._tool(t.name), worker, entry.model_dump_json())
+            pipe.expire(self._tool(t.name), keep)
+            pipe.zadd(self._index(), {t.name: now})
+            pipe.expire(self._index(), keep)
+        pipe.execute()
+
+    def has(self, worker: str, name: str) -> bool:
+        """Whether this worker's record of the tool is in Redis."""
+        return bool(self.client.hexists(self._tool(name), worker))
+
+    def withdraw(self, worker: str, names: Iterable[str]) -> None:
+        """Remove this worker's records (at a clean shutdown)."""
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hdel(self._tool(name), worker)
+        pipe.execute()
+
+    # -- the agent's side -------------------------------------------------------------------------
+
+    def read(self, names: Sequence[str] | None = None) -> dict[str, list[CatalogEntry]]:
+        """Live records by tool name (all tools, or ``names``), each list sorted by worker."""
+        now = time.time()
+        if names is None:
+            raw_names: list[bytes] = self.client.zrangebyscore(  # type: ignore[assignment]
+                self._index(), now - PRUNE_AFTER_SECS, "+inf"
+            )
+            names = sorted(n.decode() for n in raw_names)
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(self._tool(name))
+        found: dict[str, list[CatalogEntry]] = {}
+        stale: list[tuple[str, str]] = []
+        for name, fields in zip(names, pipe.execute(), strict=True):
+            live: list[CatalogEntry] = []
+            for worker_raw, raw in fields.items():
+                worker = worker_raw.decode()
+                try:
+                    entry = CatalogEntry.model_validate_json(raw)
+                except ValidationError:
+                    log.warning("catalog: record of %r by %s is not a v1 record; ignored", name, worker)
+                    continue
+                if entry.fresh(now):
+                    live.append(entry)
+                elif now - entry.published_at > PRUNE_AFTER_SECS:
+                    stale.append((name, worker))
+            if live:
+                found[name] = sorted(live, key=lambda e: e.worker)
+        found = self._beating(found, now)
+        if stale:
+            pipe = self.client.pipeline(transaction=False)
+            for name, worker in stale:
+                pipe.hdel(self._tool(name), worker)
+            pipe.execute()
+        return found
+
+    def _beating(self, found: dict[str, list[CatalogEntry]], now: float) -> dict[str, list[CatalogEntry]]:
+        """Keep the records whose worker still beats on the tool's queue."""
+        from .worker._ledger import HEARTBEAT_TTL_SECS  # the worker package imports this module
+
+        pairs = sorted({(e.queue, e.worker) for es in found.values() for e in es})
+        if not pairs:
+            return found
+        keys = Keys(self.prefix)
+        pipe = self.client.pipeline(transaction=False)
+        for queue, worker in pairs:
+            pipe.zscore(keys.workers(queue), worker)
+        beats = dict(zip(pairs, pipe.execute(), strict=True))
+        out: dict[str, list[CatalogEntry]] = {}
+        for name, es in found.items():
+            kept = [e for e in es if now - (beats[(e.queue, e.worker)] or 0.0) < HEARTBEAT_TTL_SECS]
+            if kept:
+                out[name] = kept
+        return out
+
+    def wait_for(self, names: Sequence[str], timeout_secs: float) -> dict[str, list[CatalogEntry]]:
+        """Read until every name has a live worker, or ``timeout_secs`` pass (then what there is)."""
+        deadline = time.monotonic() + timeout_secs
+        while True:
+            entries = self.read(names)
+            if all(n in entries for n in names) or time.monotonic() >= deadline:
+                return entries
+            time.sleep(0.2)
+
+    def registry(self, names: Sequence[str]) -> ToolRegistry:
+        """Tools built from the live workers' records, for a dispatcher with no tool code.
+
+        Raises ConfigurationError when a name has no live worker, or when its live workers serve
+        it with different definitions (the message names the workers and the schema hashes).
+        """
+        from .tools import ToolRegistry
+
+        wanted = list(dict.fromkeys(names))
+        entries = self.read(wanted)
+        missing = [n for n in wanted if n not in entries]
+        if missing:
+            raise ConfigurationError(
+                f"no live worker serves {', '.join(map(repr, missing))} "
+                f"(the catalog has: {', '.join(sorted(self.read())) or 'nothing'})"
+            )
+        problems = [describe_conflict(n, entries[n]) for n in wanted if len(versions(entries[n])) > 1]
+        if problems:
+            raise ConfigurationError("; ".join(problems) + ". Finish rolling the fleet out to one version.")
+        return ToolRegistry(tool_from_entry(entries[name][0]) for name in wanted)
+
+
+def tool_from_entry(e: CatalogEntry) -> Tool[..., Any]:
+    """A tool that validates like the worker's (same schema, flags and queue) but runs nowhere here."""
+    from .tools import tool_from_schema
+
+    return tool_from_schema(
+        name=e.name,
+        description=e.description,
+        parameters=e.parameters,
+        fn=_remote_only(e.name),
+        read_only=e.read_only,
+        idempotent=e.idempotent,
+        destructive=e.destructive,
+        timeout_secs=e.timeout_secs,
+        queue=e.queue,
+    )
+
+
+def versions(entries: Iterable[CatalogEntry]) -> dict[str, list[str]]:
+    """Each distinct definition (schema hash and flags) → the workers serving it."""
+    out: dict[str, list[str]] = {}
+    for e in entries:
+        out.setdefault(e.version, []).append(e.worker)
+    return out
+
+
+def describe_conflict(name: str, entries: Iterable[CatalogEntry]) -> str:
+    """One line naming every definition of a tool and the workers behind each."""
+    parts = [f"{v} on {', '.join(ws)}" for v, ws in sorted(versions(entries).items())]
+    return f"tool {name!r} is served with different schemas: " + "; ".join(parts)
+
+
+def _remote_only(name: str) -> Any:
+    def run_on_the_fleet(**_: Any) -> NoReturn:
+        raise RuntimeError(f"tool {name!r} runs on the workers; this process has only its schema")
+
+    return run_on_the_fleet
+
+
+class CatalogPublisher:
+    """Called by a worker's heartbeat: publishes the tools of the queues it serves, or withdraws them."""
+
+    def __init__(self, catalog: Catalog, registry: ToolRegistry, refresh_secs: float = REFRESH_SECS) -> None:
+        self.catalog = catalog
+        self.registry = registry
+        self.refresh_secs = refresh_secs
+        self._written: dict[str, float] = {}
+
+    def __call__(self, worker: str, queues: Sequence[str], stop: bool) -> None:
+        tools = [t for t in self.registry if t.queue in queues]
+        if stop:
+            self.catalog.withdraw(worker, [t.name for t in tools])
+            self._written.pop(worker, None)
+        elif tools and (
+            time.monotonic() - self._written.get(worker, -self.refresh_secs) >= self.refresh_secs
+            or not self.catalog.has(worker, tools[0].name)  # Redis restarted or was flushed
+        ):
+            self.catalog.publish(worker, tools)
+            self._written[worker] = time.monotonic()

@@ -1,0 +1,166 @@
+"""Prometheus metrics of a worker: calls by tool and status, durations, retries, queue wait.
+
+``criogenai worker --metrics-port N`` (extra ``criogenai[metrics]``) serves them over HTTP. Calls
+run in pool children under prefork, so the metrics use prometheus-client's multiprocess mode:
+each process (the children where calls run, the main process where hard timeouts and lost
+processes are seen) writes its samples to files in one directory, and the main process serves
+their sum. Counters and histograms of children that exited stay counted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from celery import Celery, signals
+
+from ._errors import ConfigurationError
+from ._keys import TASK_NAME
+
+SENT_AT_HEADER = "crg_sent_at"
+"""Message header: Unix time from which the call could start (publish time, or a retry's ETA)."""
+OTHER_TOOL = "(other)"
+"""The tool label of calls naming a tool this worker does not have: labels stay a bounded set."""
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+
+
+def stamp_sent_at(headers: dict[str, Any], eta: str | None = None) -> None:
+    """Record in a call's headers when it may start, for the queue-wait histogram."""
+    ready = time.time()
+    if eta:
+        with contextlib.suppress(ValueError):
+            ready = max(ready, datetime.datetime.fromisoformat(eta).timestamp())
+    headers[SENT_AT_HEADER] = ready
+
+
+def _stamp(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    if sender == TASK_NAME and isinstance(headers, dict):
+        stamp_sent_at(headers, headers.get("eta"))
+
+
+def stamp_published_calls() -> None:
+    """Calls published through kombu's producer (``send_task``: re-drives, retries) carry their
+    send time. Idempotent."""
+    signals.before_task_publish.connect(_stamp, weak=False, dispatch_uid="criogenai-sent-at")
+
+
+def _multiprocess_dir() -> str:
+    """Where the processes' sample files go: PROMETHEUS_MULTIPROC_DIR, or a new directory."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        os.makedirs(path, exist_ok=True)
+        return path
+    path = tempfile.mkdtemp(prefix="criogenai-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    owner = os.getpid()
+
+    def _remove() -> None:
+        if os.getpid() == owner:  # not in a pool child that inherited the handler
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(_remove)
+    return path
+
+
+class WorkerMetrics:
+    """The metric objects; created once per worker, before the pool forks."""
+
+    def __init__(self, tools: Iterable[str]) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.tools = frozenset(tools)
+        self._app: Celery | None = None
+        self.calls = Counter(
+            "criogenai_calls", "Calls that ended on this worker, by tool and status.", ["tool", "status"]
+        )
+        self.duration = Histogram(
+            "criogenai_call_duration_seconds",
+            "Time a call's tool code ran (last attempt), by tool.",
+            ["tool"],
+            buckets=DURATION_BUCKETS,
+        )
+        self.retries = Counter("criogenai_retries", "Attempts that will be retried, by tool.", ["tool"])
+        self.queue_wait = Histogram(
+            "criogenai_queue_wait_seconds",
+            "Time from publish (or a retry's due time) to the start of a run, by tool.",
+            ["tool"],
+            buckets=DURATION_BUCKETS,
+        )
+        self.lost = Counter(
+            "criogenai_process_failures",
+            "Runs whose process died or was killed at its hard time limit, by tool and reason.",
+            ["tool", "reason"],
+        )
+
+    def tool(self, name: Any) -> str:
+        return name if isinstance(name, str) and name in self.tools else OTHER_TOOL
+
+    def connect(self, app: Celery) -> None:
+        """Record from Celery's task signals, in whichever process runs the task."""
+        self._app = app
+        signals.task_prerun.connect(self._started, weak=False)
+        signals.task_postrun.connect(self._ended, weak=False)
+        signals.task_failure.connect(self._failed, weak=False)
+
+    def _ours(self, sender: Any) -> bool:
+        return getattr(sender, "name", None) == TASK_NAME and getattr(sender, "app", None) is self._app
+
+    def _started(self, sender: Any = None, kwargs: Any = None, **_: Any) -> None:
+        if not self._ours(sender):
+            return
+        sent_at = sender.request.get(SENT_AT_HEADER)
+        if isinstance(sent_at, int | float):
+            self.queue_wait.labels(self.tool(_tool_name(kwargs))).observe(max(0.0, time.time() - sent_at))
+
+    def _ended(
+        self, sender: Any = None, kwargs: Any = None, retval: Any = None, state: str = "", **_: Any
+    ) -> None:
+        if not self._ours(sender):
+            return
+        name = self.tool(_tool_name(kwargs))
+        if state == "RETRY":
+            self.retries.labels(name).inc()
+        elif isinstance(retval, dict) and isinstance(retval.get("status"), str):
+            self.calls.labels(name, retval["status"]).inc()
+            if isinstance(retval.get("duration_secs"), int | float):
+                self.duration.labels(name).observe(retval["duration_secs"])
+
+    def _failed(self, sender: Any = None, exception: Any = None, kwargs: Any = None, **_: Any) -> None:
+        # Seen in the main process when a call's child died or hit its hard limit.
+        reason = type(exception).__name__
+        if self._ours(sender) and reason in ("WorkerLostError", "TimeLimitExceeded"):
+            self.lost.labels(self.tool(_tool_name(kwargs)), reason).inc()
+
+
+def _tool_name(kwargs: Any) -> Any:
+    body = kwargs.get("task") if isinstance(kwargs, dict) else None
+    call = body.get("call") if isinstance(body, dict) else None
+    return call.get("name") if isinstance(call, dict) else None
+
+
+def serve_metrics(app: Celery, port: int, tools: Iterable[str], host: str = "0.0.0.0") -> WorkerMetrics:
+    """Start the HTTP endpoint and the recording; call before the worker's pool starts."""
+    _multiprocess_dir()  # before prometheus_client is imported: it picks its mode at import
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client.multiprocess import MultiProcessCollector
+    except ImportError as exc:
+        raise ConfigurationError(
+            "--metrics-port needs prometheus-client: pip install 'criogenai[metrics]'"
+        ) from exc
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    metrics = WorkerMetrics(tools)
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on port {port}: {exc}") from exc
+    metrics.connect(app)
+    return metrics

@@ -1,0 +1,158 @@
+"""What an agent says to a model and hears back: message types, the ``Model`` protocol, ``FakeModel``.
+
+Messages are what a model is sent, nothing more: a tool message holds the text the model reads,
+never the result's artifact (that stays in the run's records). ``FakeModel`` plays a script of
+turns, so an agent can be tested without a model, and keeps every request it was sent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from .._errors import CriogenaiError
+from .._wire import ToolCall, ToolResult
+
+MESSAGE_VERSION: Literal[1] = 1
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = MESSAGE_VERSION
+
+
+class SystemMessage(_Message):
+    """The agent's instructions."""
+
+    role: Literal["system"] = "system"
+    content: str
+
+
+class UserMessage(_Message):
+    """The prompt a run starts with."""
+
+    role: Literal["user"] = "user"
+    content: str
+
+
+class AssistantMessage(_Message):
+    """One model turn: text, tool calls, or both. No calls means the model has answered."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class ToolMessage(_Message):
+    """One call's outcome as the model reads it: ``content`` is exactly the text it is sent."""
+
+    role: Literal["tool"] = "tool"
+    call_id: str
+    name: str
+    status: str
+    content: str
+
+    @classmethod
+    def of(cls, result: ToolResult, call_id: str) -> ToolMessage:
+        """The model's view of a result, under the model's own id for the call."""
+        return cls(call_id=call_id, name=result.name, status=result.status, content=result.content)
+
+
+Message = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
+
+
+class ToolSpec(_Message):
+    """A tool as a model is offered it: name, description and the JSON Schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, JsonValue]
+
+
+class ModelRequest(_Message):
+    """Everything a model was sent in one round."""
+
+    messages: list[Message]
+    tools: list[ToolSpec]
+
+    @property
+    def tool_results(self) -> dict[str, str]:
+        """The tool messages since the last assistant message (this round's news), by call id."""
+        news: dict[str, str] = {}
+        for m in reversed(self.messages):
+            if isinstance(m, AssistantMessage):
+                break
+            if isinstance(m, ToolMessage):
+                news[m.call_id] = m.content
+        return dict(reversed(news.items()))
+
+
+class ModelError(CriogenaiError):
+    """The model could not be asked (HTTP errors after retries, a bad reply, an exhausted script)."""
+
+    code = "model_error"
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Anything that answers a conversation with one assistant turn."""
+
+    async def complete(self, request: ModelRequest) -> AssistantMessage:
+        """One round: the conversation so far and the tools on offer in, the model's turn out."""
+        ...
+
+
+TurnLike = str | AssistantMessage | Sequence[ToolCall | Mapping[str, Any]]
+ScriptItem = TurnLike | Callable[[ModelRequest], TurnLike]
+
+
+def as_turn(item: TurnLike) -> AssistantMessage:
+    """A script item as an assistant turn: text answers, a list of calls asks for tools."""
+    if isinstance(item, AssistantMessage):
+        return item
+    if isinstance(item, str):
+        return AssistantMessage(content=item)
+    calls = [c if isinstance(c, ToolCall) else ToolCall.model_validate(dict(c)) for c in item]
+    if not calls:
+        raise ValueError("a scripted turn of tool calls needs at least one call")
+    return AssistantMessage(tool_calls=calls)
+
+
+class FakeModel:
+    """A model that plays a script, for tests and demos: ``FakeModel([[call, call], "answer"])``.
+
+    Round ``i`` of a run answers with ``script[i]`` (counted from the run's own messages, so a
+    retried run or a second run starts where the conversation is, not where this object was).
+    An item is a final text, a list of tool calls (``ToolCall`` or ``{"id", "name", "arguments"}``),
+    an ``AssistantMessage``, or a function of the ``ModelRequest`` returning one of those. With no
+    script the model answers each prompt with the prompt itself. ``requests`` holds every request.
+    """
+
+    def __init__(self, script: Sequence[ScriptItem] | None = None) -> None:
+        self.script: list[ScriptItem] | None = list(script) if script is not None else None
+        self.requests: list[ModelRequest] = []
+        self._lock = threading.Lock()
+
+    async def complete(self, request: ModelRequest) -> AssistantMessage:
+        with self._lock:
+            self.requests.append(request)
+        round_no = sum(isinstance(m, AssistantMessage) for m in request.messages)
+        if self.script is None:
+            prompt = next((m.content for m in request.messages if isinstance(m, UserMessage)), "")
+            return AssistantMessage(content=prompt)
+        if round_no >= len(self.script):
+            raise ModelError(
+                f"FakeModel's script has {len(self.script)} turn(s); round {round_no + 1} has none"
+            )
+        item = self.script[round_no]
+        return as_turn(item(request) if callable(item) else item)
+
+    def __repr__(self) -> str:
+        turns = "echo" if self.script is None else f"{len(self.script)} turns"
+        return f"<FakeModel {turns}, {len(self.requests)} requests>"

@@ -1,0 +1,297 @@
+"""Tool hooks: ``before_tool`` lets a call through, changes, blocks or answers it; ``after_tool`` sees
+(and may replace) each result. A hook that raises never takes the turn down.
+
+Hooks run in the dispatcher, in the order given, sync or async. Sync hooks run on the caller's
+thread, so keep them quick; async hooks are bounded by ``HOOK_TIMEOUT_SECS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import redis
+
+from .._config import Settings
+from .._wire import ToolCall, ToolResult
+from ..tools import InvalidArguments, Tool, to_json_text
+from ._validate import refused
+
+log = logging.getLogger(__name__)
+
+HOOK_TIMEOUT_SECS = 30.0
+"""An async hook that takes longer is stopped and counts as raising ``TimeoutError``."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookCall:
+    """What a hook sees of a call. ``arguments`` is a copy: change them by returning ``ChangeArguments``."""
+
+    tool_name: str
+    arguments: Any
+    run_id: str
+    call_id: str
+    tool: Tool[..., Any] | None = None
+    """The tool (its flags, schema); None only for an ``after_tool`` hook seeing an unknown tool."""
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """Let the call through unchanged (the same as returning None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeArguments:
+    """Run the call with these arguments instead; they are validated against the schema again."""
+
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Do not run the call; the model sees a ``blocked`` result with ``message``."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer the call without running the tool: an ``ok`` result with ``cached=True``.
+
+    ``content`` is any JSON value (a string is sent as is).
+    """
+
+    content: Any
+    artifact: dict[str, Any] | None = None
+
+
+BeforeDecision: TypeAlias = Allow | ChangeArguments | Block | Answer | None
+BeforeHook: TypeAlias = Callable[[HookCall], BeforeDecision | Awaitable[BeforeDecision]]
+AfterHook: TypeAlias = Callable[[HookCall, ToolResult], ToolResult | Awaitable[ToolResult | None] | None]
+
+
+def hook_name(hook: object) -> str:
+    name = getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None)
+    return str(name) if name else repr(hook)
+
+
+def is_async_hook(hook: object) -> bool:
+    call = getattr(hook, "__call__", None)  # noqa: B004 - an object with an async __call__ counts
+    return inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(call)
+
+
+async def _call(hook: Callable[..., Any], *args: Any) -> Any:
+    out = hook(*args)
+    if inspect.isawaitable(out):
+        out = await asyncio.wait_for(_awaited(out), HOOK_TIMEOUT_SECS)
+    return out
+
+
+async def _awaited(aw: Awaitable[Any]) -> Any:
+    return await aw
+
+
+def _failure(hook: object, exc: BaseException) -> dict[str, Any]:
+    return {
+        "hook": hook_name(hook),
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+def _copy(arguments: Any) -> Any:
+    try:
+        return json.loads(json.dumps(arguments))
+    except (TypeError, ValueError):
+        return arguments
+
+
+async def run_before(
+    hooks: list[BeforeHook], call: ToolCall, tool: Tool[..., Any], run_id: str
+) -> ToolCall | ToolResult:
+    """Run the hooks in order: the call to send (maybe with changed arguments), or its result now."""
+    for hook in hooks:
+        seen = HookCall(call.name, _copy(call.arguments), run_id, call.id, tool)
+        try:
+            decision = await _call(hook, seen)
+            if decision is not None and not isinstance(decision, Allow | ChangeArguments | Block | Answer):
+                raise TypeError(
+                    f"a before_tool hook returns None, Allow, ChangeArguments, Block or "
+                    f"Answer, not {type(decision).__name__}"
+                )
+        except Exception as exc:
+            log.exception("before_tool hook %s raised on call %s/%s", hook_name(hook), run_id, call.id)
+            return refused(
+                call,
+                run_id,
+                "blocked",
+                f"Tool {call.name!r} was not run: the before_tool hook {hook_name(hook)!r} failed "
+                f"({type(exc).__name__}).",
+                {"hook_error": _failure(hook, exc)},
+            )
+        if isinstance(decision, Block):
+            return refused(call, run_id, "blocked", decision.message, {"hook": hook_name(hook)})
+        if isinstance(decision, Answer):
+            try:
+                text = to_json_text(decision.content)
+            except TypeError as exc:
+                return refused(
+                    call,
+                    run_id,
+                    "blocked",
+                    f"Tool {call.name!r} was not run: the before_tool "
+                    f"hook {hook_name(hook)!r} answered with a value that is not JSON.",
+                    {"hook_error": _failure(hook, exc)},
+                )
+            return ToolResult(
+                call_id=call.id,
+                name=call.name,
+                run_id=run_id,
+                status="ok",
+                content=text,
+                artifact=decision.artifact,
+                cached=True,
+            )
+        if isinstance(decision, ChangeArguments):
+            checked = tool.validate(decision.arguments)
+            call = call.model_copy(update={"arguments": decision.arguments})
+            if isinstance(checked, InvalidArguments):
+                problems = [*checked.problems, f"(arguments set by the before_tool hook {hook_name(hook)!r})"]
+                text = f"Invalid arguments for tool {call.name!r}:\n" + "\n".join(f"- {p}" for p in problems)
+                return refused(
+                    call,
+                    run_id,
+                    "invalid_arguments",
+                    text,
+                    {"problems": checked.problems, "hook": hook_name(hook)},
+                )
+    return call
+
+
+async def run_after(hooks: list[AfterHook], call: HookCall, result: ToolResult) -> ToolResult:
+    """Run the hooks in order on one result; each sees the previous one's replacement.
+
+    A hook that raises (or returns something else than a ToolResult for the same call) withholds
+    the result from the model, fail-closed, since hooks often redact: the model sees a ``blocked``
+    result naming the hook, and the original is kept in ``artifact["withheld"]``, never lost.
+    """
+    for hook in hooks:
+        try:
+            out = await _call(hook, call, result)
+            if out is None:
+                continue
+            if not isinstance(out, ToolResult) or (out.call_id, out.name) != (result.call_id, result.name):
+                raise TypeError("an after_tool hook returns None or a ToolResult of the same call")
+            result = out
+        except Exception as exc:
+            log.exception(
+                "after_tool hook %s raised on call %s/%s", hook_name(hook), call.run_id, call.call_id
+            )
+            result = result.model_copy(
+                update={
+                    "status": "blocked",
+                    "content": f"The result of tool {call.tool_name!r} is withheld: the after_tool hook "
+                    f"{hook_name(hook)!r} failed ({type(exc).__name__}).",
+                    "artifact": {
+                        "withheld": result.model_dump(mode="json"),
+                        "hook_error": _failure(hook, exc),
+                    },
+                    "truncated": False,
+                }
+            )
+    return result
+
+
+# -- the ready-made cache ---------------------------------------------------------------------------
+
+
+def cache_key(prefix: str, tool: Tool[..., Any], arguments: Any) -> str:
+    """Tool name, schema hash and a digest of the canonical JSON of the arguments (sorted keys)."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()
+    return f"{prefix}:cache:{tool.name}:{tool.schema_hash}:{digest}"
+
+
+class ResultCache:
+    """Answers calls of read-only tools from earlier ``ok`` results, for ``ttl_secs``.
+
+    Give both hooks to the dispatcher: ``before_tool=[cache.before], after_tool=[cache.after]``.
+    Entries live in Redis (the dispatcher's, unless ``settings`` says otherwise), or in this
+    process's memory for the embedded engine. Tools that are not read-only are never cached.
+    """
+
+    def __init__(self, ttl_secs: float, *, settings: Settings | None = None) -> None:
+        if not ttl_secs > 0:
+            raise ValueError(f"ttl_secs must be > 0, not {ttl_secs}")
+        self.ttl_secs = ttl_secs
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._client: redis.Redis | None = None
+        self._prefix = "crg"
+        self._memory: dict[str, tuple[float, str]] | None = None
+
+    def bind(self, settings: Settings) -> None:
+        """Use a dispatcher's settings, unless this cache was given its own or is already in use."""
+        with self._lock:
+            if self._settings is None and self._client is None and self._memory is None:
+                self._settings = settings
+
+    def _store(self) -> redis.Redis | dict[str, tuple[float, str]]:
+        with self._lock:
+            if self._client is None and self._memory is None:
+                settings = self._settings or Settings.from_env()
+                self._prefix = settings.key_prefix
+                if settings.redis_url:
+                    self._client = redis.Redis.from_url(
+                        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
+                    )
+                else:
+                    self._memory = {}
+            return self._client if self._client is not None else self._memory  # type: ignore[return-value]
+
+    def _get(self, key: str) -> str | None:
+        store = self._store()
+        if isinstance(store, dict):
+            with self._lock:
+                found = store.get(key)
+                return found[1] if found and found[0] > time.monotonic() else None
+        raw = store.get(key)
+        return raw.decode() if isinstance(raw, bytes) else None
+
+    def _put(self, key: str, value: str) -> None:
+        store = self._store()
+        if isinstance(store, dict):
+            with self._lock:
+                store[key] = (time.monotonic() + self.ttl_secs, value)
+            return
+        store.set(key, value, px=max(1, int(self.ttl_secs * 1000)))
+
+    def before(self, call: HookCall) -> Answer | None:
+        """A ``before_tool`` hook: the stored result of the same read-only call, if any."""
+        if call.tool is None or not call.tool.read_only:
+            return None
+        raw = self._get(cache_key(self._prefix_now(), call.tool, call.arguments))
+        if raw is None:
+            return None
+        stored = ToolResult.model_validate_json(raw)
+        return Answer(stored.content, stored.artifact)
+
+    def after(self, call: HookCall, result: ToolResult) -> None:
+        """An ``after_tool`` hook: store ``ok`` results of read-only tools that really ran."""
+        if call.tool is None or not call.tool.read_only or result.status != "ok" or result.cached:
+            return
+        self._put(cache_key(self._prefix_now(), call.tool, call.arguments), result.model_dump_json())
+
+    def _prefix_now(self) -> str:
+        self._store()
+        return self._prefix

@@ -1,0 +1,122 @@
+"""Fleet operations without a fleet: catalog records, tools rebuilt from them, JSON log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from examples import clinic
+
+from criogenai import CatalogEntry, Tool, ToolContext
+from criogenai._catalog import describe_conflict, tool_from_entry, versions
+from criogenai._logging import JsonFormatter
+from criogenai.tools import InvalidArguments, ValidArguments
+
+CLINIC = [v for v in vars(clinic).values() if isinstance(v, Tool)]
+
+SAMPLES: list[Any] = [
+    {},
+    {"test_id": "LAB-1"},
+    {"test_id": 5},
+    {"text": "hello"},
+    {"patient_ref": "P-1", "kind": "home", "slots": ["2026-12-03T09:00"]},
+    {"patient_ref": "P-1", "kind": "spa", "slots": [], "colour": "red"},
+    {"patient_ref": "P-1", "kind": "video", "slots": ["x"], "address": {"street": "a", "city": "b"}},
+    {"patient_ref": "P-1", "kind": "clinic", "slots": ["x"], "duration_minutes": "long"},
+    [1, 2],
+]
+
+
+def _entry(t: Tool[..., Any], worker: str = "w1@host") -> CatalogEntry:
+    """A record as it crosses Redis: written as JSON and read back."""
+    return CatalogEntry.model_validate_json(CatalogEntry.of(t, worker, 1000.0).model_dump_json())
+
+
+@pytest.mark.parametrize("original", CLINIC, ids=lambda t: t.name)
+def test_a_tool_rebuilt_from_its_catalog_record_judges_calls_as_the_worker_does(
+    original: Tool[..., Any],
+) -> None:
+    rebuilt = tool_from_entry(_entry(original))
+    assert rebuilt.schema_hash == original.schema_hash
+    assert (rebuilt.queue, rebuilt.read_only, rebuilt.idempotent, rebuilt.destructive) == (
+        original.queue,
+        original.read_only,
+        original.idempotent,
+        original.destructive,
+    )
+    for arguments in SAMPLES:
+        mine, theirs = rebuilt.validate(arguments), original.validate(arguments)
+        assert type(mine) is type(theirs), arguments
+        if isinstance(theirs, InvalidArguments):
+            assert isinstance(mine, InvalidArguments) and mine.problems == theirs.problems
+        else:
+            assert isinstance(mine, ValidArguments)
+
+
+def test_a_rebuilt_tool_refuses_to_run_in_the_agent_process() -> None:
+    rebuilt = tool_from_entry(_entry(clinic.get_lab_result))
+    with pytest.raises(RuntimeError, match="runs on the workers"):
+        rebuilt.invoke({"test_id": "LAB-1"}, ToolContext(call_id="c", run_id="r"))
+
+
+def test_records_of_one_name_with_different_schemas_are_two_versions_naming_their_workers() -> None:
+    from criogenai import tool
+
+    @tool(name="get_lab_result", read_only=True)
+    def newer(test_id: str, include_history: bool = False) -> dict[str, str]:
+        """Read one lab result by its id, with its history if asked."""
+        return {}
+
+    old = [_entry(clinic.get_lab_result, "w1@a"), _entry(clinic.get_lab_result, "w2@b")]
+    new = _entry(newer, "w3@c")
+    assert len(versions(old)) == 1
+    found = versions([*old, new])
+    assert sorted(found.values()) == [["w1@a", "w2@b"], ["w3@c"]]
+    line = describe_conflict("get_lab_result", [*old, new])
+    for text in ("w1@a, w2@b", "w3@c", clinic.get_lab_result.schema_hash, newer.schema_hash):
+        assert text in line
+
+
+def test_a_record_of_another_version_is_refused() -> None:
+    raw = json.loads(_entry(clinic.get_lab_result).model_dump_json())
+    with pytest.raises(ValueError):
+        CatalogEntry.model_validate({**raw, "v": 2})
+
+
+def test_a_json_log_line_is_one_object_with_the_calls_fields() -> None:
+    record = logging.LogRecord("criogenai.calls", logging.INFO, __file__, 1, "call %s", ("finished",), None)
+    for name, value in {
+        "run_id": "r1",
+        "call_id": "c1",
+        "tool": "echo",
+        "attempt": 2,
+        "status": "ok",
+        "duration_secs": 0.25,
+    }.items():
+        setattr(record, name, value)
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    out = json.loads(line)
+    assert out["message"] == "call finished" and out["level"] == "INFO"
+    assert {k: out[k] for k in ("run_id", "call_id", "tool", "attempt", "status", "duration_secs")} == {
+        "run_id": "r1",
+        "call_id": "c1",
+        "tool": "echo",
+        "attempt": 2,
+        "status": "ok",
+        "duration_secs": 0.25,
+    }
+
+
+def test_a_traceback_stays_inside_its_json_line() -> None:
+    try:
+        raise ValueError("two\nlines")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    assert json.loads(line)["exc"].rstrip().endswith("ValueError: two\nlines")
