@@ -5,6 +5,10 @@ that files the result under its run; nothing subscribes per call and nothing pol
 A monitor looks at calls that take long: it finds results whose notice was lost, sends again a
 call whose worker died (its lease ran out), and gives up on calls nobody picks up, so that every
 call ends with a result within a bound.
+
+Admission (``_admission``) holds back a turn's calls beyond its cap and calls over a fleet-wide
+limit. Cancelling a run makes its unstarted calls unclaimable (``abandon``) and tells its running
+ones to stop (the workers see the run's cancel mark when they renew their leases).
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from typing import Any
 from .._config import Limits
 from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs, send_call
+from .._outcomes import cancelled_before_start
 from .._wire import ToolResult, ToolStatus, ToolTask
-from ..worker._ledger import Ledger
+from ..worker._ledger import Ledger, RedisLedger
+from ._admission import Admission
+from ._limiter import Gate, Limiter, MemoryLimiter, RedisLimiter
 from ._publish import RedisPublisher
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,8 @@ class Send:
     queue: str
     resend_safe: bool
     """The tool is read-only or idempotent: sending the call again cannot do harm."""
+    gates: tuple[Gate, ...] = ()
+    """Fleet-wide concurrency limits the call must get a place in before it is published."""
 
 
 @dataclass
@@ -56,9 +65,13 @@ class _Pending:
     queue_deadline: float
     final_deadline: float
     next_check: float
+    interval: float = CHECK_AFTER_SECS
+    """Time to the next look; grows while nothing happens, so big backlogs cost little to watch."""
     started: bool = False
     suspect: tuple[float, int] | None = None
     redrives: int = 0
+    cancel_by: float | None = None
+    """Its run was cancelled while it ran: the worker's ``cancelled`` result is due by then."""
 
 
 def _budget_secs(p: ToolTask, limits: Limits, lease_secs: float) -> float:
@@ -70,6 +83,13 @@ def _budget_secs(p: ToolTask, limits: Limits, lease_secs: float) -> float:
         + (MAX_LOST_RUNS + 1) * (lease_secs + CHECK_AFTER_SECS * 2)
         + 10
     )
+
+
+def _limiter_for(ledger: Ledger) -> Limiter:
+    lease = max(3.0, ledger.lease_secs)
+    if isinstance(ledger, RedisLedger):
+        return RedisLimiter(ledger.client, ledger.keys, lease)
+    return MemoryLimiter(lease)
 
 
 def _ended(run_id: str, payload: ToolTask, status: ToolStatus, text: str) -> ToolResult:
@@ -89,6 +109,7 @@ class Engine:
         *,
         prefix: str = "crg",
         publisher: RedisPublisher | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.app = app
         self._fast = publisher
@@ -98,11 +119,24 @@ class Engine:
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._server_id: str | None = None
         self._workers_seen: dict[str, set[str]] = {}
+        # A started call is looked at least this often: a dead worker's call is re-sent within
+        # about a lease and a quarter.
+        self._max_interval = max(CHECK_AFTER_SECS, ledger.lease_secs / 4)
         self._worker_died_at: dict[str, float] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._publisher = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="criogenai-publish"
+        )
+        self._cancelled: dict[str, float] = {}
+        self._cancel_grace = ledger.lease_secs * 2 / 3 + 2.0
+        """A running call told to stop has this long to file its ``cancelled`` result (its
+        worker sees the mark at its next lease renewal, every third of a lease)."""
+        self._admission = Admission(
+            limiter or _limiter_for(ledger),
+            self._launch,
+            self._refuse,
+            limits.max_calls_in_flight_per_turn,
         )
         self._gatherer = threading.Thread(target=self._gather_loop, name="criogenai-gather", daemon=True)
         self._gatherer.start()
@@ -127,6 +161,9 @@ class Engine:
                 for result in found.values():
                     self._settle(turn, result)
                 sends = [s for s in sends if s.payload.call.id not in found]
+            if self._admission.needed(sends):
+                self._admission.add(run_id, turn, sends)
+                return
             now = time.monotonic()
             with self._lock:
                 for s in sends:
@@ -142,17 +179,119 @@ class Engine:
             self._send(sends)
         except Exception as exc:
             log.exception("could not publish a turn of run %s", run_id)
+            self._not_sent(run_id, turn, sends, exc)
+
+    def _not_sent(self, run_id: str, turn: _Turn, sends: list[Send], exc: Exception) -> None:
+        for s in sends:
+            result = _ended(
+                run_id,
+                s.payload,
+                "not_started",
+                f"Tool {s.payload.call.name!r} was not started: the call could not "
+                f"be sent to the workers ({type(exc).__name__}).",
+            )
+            with self._lock:
+                self._pending.pop((run_id, s.payload.call.id), None)
+                self._settle(turn, result)
+            self._admission.done(run_id, s.payload.call.id)
+
+    # -- admission --------------------------------------------------------------------------------
+
+    def _launch(self, run_id: str, turn: _Turn, sends: list[Send]) -> None:
+        """Called by admission for calls it let in: publish them on the publisher thread."""
+        self._publisher.submit(self._publish_admitted, run_id, turn, sends)
+
+    def _publish_admitted(self, run_id: str, turn: _Turn, sends: list[Send]) -> None:
+        if run_id in self._cancelled:
             for s in sends:
-                result = _ended(
-                    run_id,
-                    s.payload,
-                    "not_started",
-                    f"Tool {s.payload.call.name!r} was not started: the call could not "
-                    f"be sent to the workers ({type(exc).__name__}).",
-                )
-                with self._lock:
-                    self._pending.pop((run_id, s.payload.call.id), None)
-                    self._settle(turn, result)
+                self._refuse(run_id, turn, s, "cancelled")
+                self._admission.done(run_id, s.payload.call.id)
+            return
+        now, wall = time.monotonic(), time.time()
+        try:
+            with self._lock:
+                for s in sends:
+                    budget = _budget_secs(s.payload, self.limits, self.ledger.lease_secs)
+                    self._pending[(run_id, s.payload.call.id)] = _Pending(
+                        s,
+                        turn,
+                        now,
+                        now + max(0.0, s.payload.deadline - wall),  # the call's wait began before
+                        now + budget,
+                        now + CHECK_AFTER_SECS,
+                    )
+            self._send(sends)
+        except Exception as exc:
+            log.exception("could not publish calls of run %s", run_id)
+            self._not_sent(run_id, turn, sends, exc)
+
+    def _refuse(self, run_id: str, turn: _Turn, send: Send, why: str) -> None:
+        """End a call admission never published: its turn was cancelled, or its wait ran out."""
+        name = send.payload.call.name
+        if why == "cancelled":
+            status: ToolStatus = "cancelled"
+            text = cancelled_before_start(name).content
+        else:
+            status = "not_started"
+            behind = (
+                "the turn's earlier calls (max_calls_in_flight_per_turn)"
+                if why == "turn"
+                else "a fleet-wide concurrency limit"
+            )
+            text = (
+                f"Tool {name!r} was not started: it waited behind {behind} for "
+                f"{self.limits.queue_wait_secs:g} s. It will not run later."
+            )
+        with self._lock:
+            self._settle(turn, _ended(run_id, send.payload, status, text))
+
+    # -- cancelling -------------------------------------------------------------------------------
+
+    def cancel(self, run_id: str) -> None:
+        """Cancel a run fleet-wide: mark it (for every worker and dispatcher), then end this
+        engine's calls of it: unpublished and unstarted ones now, running ones when they stop."""
+        self.ledger.cancel(run_id)
+        self._cancel_here(run_id)
+
+    def _cancel_here(self, run_id: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._cancelled[run_id] = now
+        for turn, s in self._admission.withdraw(run_id):
+            self._refuse(run_id, turn, s, "cancelled")
+        with self._lock:
+            mine = [(cid, p) for (r, cid), p in self._pending.items() if r == run_id and p.cancel_by is None]
+        for cid, p in mine:
+            if self.ledger.abandon(run_id, cid, self.limits.queue_wait_secs + 60):
+                name = p.send.payload.call.name
+                self._give_up(run_id, p.send.payload, "cancelled", cancelled_before_start(name).content)
+            else:
+                p.cancel_by = now + self._cancel_grace
+
+    def _watch_cancels(self, now: float) -> None:
+        """Runs cancelled elsewhere (another process, the CLI), and stopped calls overdue."""
+        with self._lock:
+            runs = {r for r, _ in self._pending}
+            overdue = [
+                (r, p) for (r, _), p in self._pending.items() if p.cancel_by is not None and now > p.cancel_by
+            ]
+        runs.update(self._admission.runs())
+        fresh = [r for r in runs if r not in self._cancelled]
+        for run_id in self.ledger.cancelled(fresh):
+            log.info("run %s was cancelled", run_id)
+            self._cancel_here(run_id)
+        for run_id, p in overdue:
+            name = p.send.payload.call.name
+            self._give_up(
+                run_id,
+                p.send.payload,
+                "cancelled",
+                f"Tool {name!r} was told to stop (its turn was cancelled) and did not confirm "
+                f"within {self._cancel_grace:g} s; it may still be running.",
+            )
+        for run_id, at in list(self._cancelled.items()):
+            if now - at > 3600:
+                self._cancelled.pop(run_id, None)
 
     def _send(self, sends: list[Send]) -> None:
         if self._fast is not None:
@@ -177,6 +316,8 @@ class Engine:
             pending = self._pending.pop((run_id, result.call_id), None)
             if pending is not None:
                 self._settle(pending.turn, result)
+        if pending is not None:
+            self._admission.done(run_id, result.call_id)
 
     def _give_up(self, run_id: str, payload: ToolTask, status: ToolStatus, text: str) -> None:
         self._resolve(run_id, _ended(run_id, payload, status, text))
@@ -202,6 +343,7 @@ class Engine:
 
     def _monitor(self, now: float) -> None:
         self._check_server(now)
+        self._watch_cancels(now)
         with self._lock:
             due = [(k, p) for k, p in self._pending.items() if now >= p.next_check]
         by_run: dict[str, list[tuple[str, _Pending]]] = defaultdict(list)
@@ -213,7 +355,8 @@ class Engine:
             found = self.ledger.finished(run_id, ids)
             progress = self.ledger.progress(run_id, ids)
             for cid, p in items:
-                p.next_check = now + CHECK_AFTER_SECS
+                p.next_check = now + p.interval
+                p.interval = min(p.interval * 2, self._max_interval)
                 if cid in found:
                     self._resolve(run_id, found[cid])
                     continue
@@ -247,7 +390,8 @@ class Engine:
         elif starts == 0:
             self._check_unstarted(run_id, p, now, live)
         elif p.suspect is None or p.suspect[1] != starts:
-            p.suspect = (now, starts)  # a run ended without a result: look once more
+            p.suspect = (now, starts)  # a run ended without a result: look once more, soon
+            p.next_check, p.interval = now + CHECK_AFTER_SECS, CHECK_AFTER_SECS
         elif now - p.suspect[0] >= CHECK_AFTER_SECS * 0.9:
             self._redrive(run_id, p, now)
 
@@ -307,9 +451,11 @@ class Engine:
             return
         log.warning("call %s/%s lost its worker; sending it again", run_id, payload.call.id)
         p.published, p.queue_deadline = now, now + self.limits.queue_wait_secs
+        p.interval = CHECK_AFTER_SECS
         self._publisher.submit(self._send, [p.send])
 
     def close(self) -> None:
         self._closed.set()
+        self._admission.close()
         self._publisher.shutdown(wait=True)
         self._gatherer.join(timeout=5)

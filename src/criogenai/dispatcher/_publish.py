@@ -10,6 +10,7 @@ priority 0, no countdown. A contract test compares its messages with kombu's own
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ import redis
 from .._keys import TASK_NAME, task_id
 from .._message import task_options
 from .._metrics import stamp_sent_at
+from .._tracing import inject_trace_headers
 from .._wire import ToolTask
 
 _RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, None)
@@ -39,6 +41,9 @@ class RedisPublisher:
         self._amqp = app.amqp
         self._client = client
         self._origin = f"gen{os.getpid()}@{socket.gethostname()}"
+        # kombu uses a uuid4 per message; any unique string serves, and a counter costs no syscall.
+        self._tags = itertools.count()
+        self._tag_prefix = uuid.uuid4().hex
 
     def envelope(self, payload: ToolTask, queue: str) -> str:
         """The JSON text kombu's Redis transport would LPUSH for this call."""
@@ -53,11 +58,12 @@ class RedisPublisher:
             **task_options(payload),
         )
         stamp_sent_at(headers)
+        inject_trace_headers(headers, payload.run_id)
         properties.update(
             delivery_mode=2,
             priority=0,
             body_encoding="base64",
-            delivery_tag=str(uuid.uuid4()),
+            delivery_tag=f"{self._tag_prefix}-{next(self._tags)}",
             delivery_info={"exchange": "", "routing_key": queue},
         )
         encoded = base64.b64encode(_dumps(body).encode()).decode()
@@ -72,17 +78,20 @@ class RedisPublisher:
         )
 
     def publish(self, items: Sequence[tuple[ToolTask, str]]) -> None:
-        """LPUSH every (call, queue) in one round trip, in order; retried briefly if Redis blinks.
+        """Push every (call, queue) in one round trip, one LPUSH per queue, in call order; retried
+        briefly if Redis blinks.
 
-        Sending a call twice is harmless (a worker's claim runs it once), so a pipeline that
-        failed half-way is simply sent again.
+        Sending a call twice is harmless (a worker's claim runs it once), so a batch that failed
+        half-way is simply sent again.
         """
-        envelopes = [(queue, self.envelope(payload, queue)) for payload, queue in items]
+        by_queue: dict[str, list[str]] = {}
+        for payload, queue in items:
+            by_queue.setdefault(queue, []).append(self.envelope(payload, queue))
         for delay in _RETRY_DELAYS:
             try:
                 pipe = self._client.pipeline(transaction=False)
-                for queue, text in envelopes:
-                    pipe.lpush(queue, text)
+                for queue, texts in by_queue.items():
+                    pipe.lpush(queue, *texts)  # same order as one LPUSH per call
                 pipe.execute()
                 return
             except (redis.ConnectionError, redis.TimeoutError):

@@ -24,7 +24,7 @@ import redis
 from .._keys import Keys, task_id
 from .._wire import ToolResult
 
-ClaimKind = Literal["claimed", "done", "busy", "expired"]
+ClaimKind = Literal["claimed", "done", "busy", "expired", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,18 @@ class Ledger(Protocol):
         started and its ``deadline`` (Unix time) has passed."""
         ...
 
-    def renew(self, claims: list[tuple[str, str, str]]) -> None: ...
+    def renew(self, claims: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
+        """Extend the leases of running calls; returns the (run, call) whose run was cancelled."""
+        ...
+
+    def cancel(self, run_id: str) -> None:
+        """Mark the run cancelled: no call of it starts any more, running ones are told to stop."""
+        ...
+
+    def cancelled(self, run_ids: list[str]) -> set[str]:
+        """Which of these runs were cancelled."""
+        ...
+
     def await_retry(self, run_id: str, call_id: str, token: str, wait_secs: float) -> None: ...
     def finish(
         self,
@@ -86,6 +97,7 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return -1 end
 local held = redis.call('GET', KEYS[2])
 if held and string.sub(held, 1, 4) == 'run:' then return -2 end
 if held and string.sub(held, 1, 5) == 'stop:' then return -3 end
+if redis.call('EXISTS', KEYS[4]) == 1 then return -4 end
 if tonumber(ARGV[5]) > tonumber(ARGV[6]) and not redis.call('GET', KEYS[3]) then return -3 end
 redis.call('SET', KEYS[2], 'run:' .. ARGV[2], 'PX', ARGV[3])
 local n = redis.call('INCR', KEYS[3])
@@ -105,11 +117,15 @@ end
 return out
 """
 
+# KEYS: claim, the run's cancel mark. Returns -1 when the run was cancelled (the lease is still
+# renewed: the call runs until it stops).
 _RENEW = """
+local renewed = 0
 if redis.call('GET', KEYS[1]) == 'run:' .. ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  renewed = redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return 0
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+return renewed
 """
 
 _AWAIT_RETRY = """
@@ -159,7 +175,7 @@ def _celery_meta(tid: str, result: ToolResult) -> str:
     )
 
 
-_CLAIM_CODES = {-1: Claim("done"), -2: Claim("busy"), -3: Claim("expired")}
+_CLAIM_CODES = {-1: Claim("done"), -2: Claim("busy"), -3: Claim("expired"), -4: Claim("cancelled")}
 REPLY_TTL_SECS = 3600
 HEARTBEAT_TTL_SECS = 15.0
 
@@ -191,6 +207,7 @@ class RedisLedger:
         self.client = redis.Redis.from_url(url, socket_timeout=10, **common)
         # Blocking pops get their own pool, with a socket timeout longer than any block.
         self._blocking = redis.Redis.from_url(url, socket_timeout=30, **common)
+        self._local = threading.local()
         self._claim = self.client.register_script(_CLAIM)
         self._renew = self.client.register_script(_RENEW)
         self._await_retry = self.client.register_script(_AWAIT_RETRY)
@@ -201,7 +218,12 @@ class RedisLedger:
         k = self.keys
         n = int(
             self._claim(
-                keys=[k.results(run_id), k.claim(run_id, call_id), k.starts(run_id, call_id)],
+                keys=[
+                    k.results(run_id),
+                    k.claim(run_id, call_id),
+                    k.starts(run_id, call_id),
+                    k.cancel(run_id),
+                ],
                 args=[
                     call_id,
                     token,
@@ -214,17 +236,29 @@ class RedisLedger:
         )
         return _CLAIM_CODES.get(n) or Claim("claimed", n)
 
-    def renew(self, claims: list[tuple[str, str, str]]) -> None:
+    def renew(self, claims: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
         if not claims:
-            return
+            return []
         pipe = self.client.pipeline(transaction=False)
         for run_id, call_id, token in claims:
             self._renew(
-                keys=[self.keys.claim(run_id, call_id)],
+                keys=[self.keys.claim(run_id, call_id), self.keys.cancel(run_id)],
                 args=[token, int(self.lease_secs * 1000)],
                 client=pipe,
             )
-        pipe.execute()
+        answers = pipe.execute()
+        return [(run, call) for (run, call, _), n in zip(claims, answers, strict=True) if int(n) == -1]
+
+    def cancel(self, run_id: str) -> None:
+        self.client.set(self.keys.cancel(run_id), "1", ex=self.retention_secs)
+
+    def cancelled(self, run_ids: list[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.exists(self.keys.cancel(run_id))
+        return {r for r, n in zip(run_ids, pipe.execute(), strict=True) if n}
 
     def await_retry(self, run_id: str, call_id: str, token: str, wait_secs: float) -> None:
         ms = int((wait_secs + self.lease_secs) * 1000)
@@ -302,7 +336,17 @@ class RedisLedger:
         return out
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
-        popped = self._blocking.blmpop(timeout_secs, 1, reply_to, direction="LEFT", count=512)
+        # The hottest command of a dispatcher (one per batch of results): sent on a connection
+        # of the calling thread's own, without the client's per-command pool and retry layers.
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._blocking.connection_pool.make_connection()
+        try:
+            conn.send_command("BLMPOP", timeout_secs, 1, reply_to, "LEFT", "COUNT", 512)
+            popped = conn.read_response()
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            raise
         if not popped:
             return []
         _key, values = popped
@@ -345,6 +389,7 @@ class MemoryLedger:
         self._starts: dict[tuple[str, str], int] = defaultdict(int)
         self._replies: dict[str, list[ToolResult]] = defaultdict(list)
         self._workers: dict[str, dict[str, float]] = defaultdict(dict)
+        self._cancelled: set[str] = set()
 
     def _held(self, key: tuple[str, str]) -> str | None:
         held = self._claims.get(key)
@@ -361,13 +406,17 @@ class MemoryLedger:
             held = self._held(key)
             if held is not None and held.startswith("run:"):
                 return Claim("busy")
-            if held == "stop:" or (time.time() > deadline and not self._starts.get(key)):
+            if held == "stop:":
+                return Claim("expired")
+            if run_id in self._cancelled:
+                return Claim("cancelled")
+            if time.time() > deadline and not self._starts.get(key):
                 return Claim("expired")
             self._claims[key] = ("run:" + token, time.monotonic() + self.lease_secs)
             self._starts[key] += 1
             return Claim("claimed", self._starts[key])
 
-    def renew(self, claims: list[tuple[str, str, str]]) -> None:
+    def renew(self, claims: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
         with self._lock:
             for run_id, call_id, token in claims:
                 if self._held((run_id, call_id)) == "run:" + token:
@@ -375,6 +424,15 @@ class MemoryLedger:
                         "run:" + token,
                         time.monotonic() + self.lease_secs,
                     )
+            return [(run, call) for run, call, _ in claims if run in self._cancelled]
+
+    def cancel(self, run_id: str) -> None:
+        with self._lock:
+            self._cancelled.add(run_id)
+
+    def cancelled(self, run_ids: list[str]) -> set[str]:
+        with self._lock:
+            return {r for r in run_ids if r in self._cancelled}
 
     def await_retry(self, run_id: str, call_id: str, token: str, wait_secs: float) -> None:
         with self._lock:
