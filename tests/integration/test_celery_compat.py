@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -15,7 +18,7 @@ from criogenai._message import send_call
 from criogenai._wire import ToolTask
 from criogenai.dispatcher._publish import RedisPublisher
 from criogenai.worker import create_app
-from tests.conftest import fleet_url, make_dispatcher
+from tests.conftest import ROOT, WorkerProcess, fleet_url, make_dispatcher, wait_until_live
 
 QUEUE = "contract-no-worker"
 
@@ -76,3 +79,25 @@ def test_each_finished_call_has_celerys_own_result_record(worker_factory) -> Non
         stored = app.AsyncResult(task_id("run-celery-compat", r.call_id)).get(timeout=5)
         assert ToolResult.model_validate(stored) == r.model_copy(update={"artifact": None})
 
+
+
+def test_a_plain_celery_worker_command_serves_the_tools_named_in_the_environment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given `celery -A criogenai.worker worker`, with the tool modules in CRIOGENAI_TOOLS
+    name = "plain-celery-cmd@test"
+    env = {**os.environ, "CRIOGENAI_BROKER_URL": fleet_url(), "CRIOGENAI_TOOLS": "tests.fleet_tools",
+           "CRIOGENAI_TEST_COUNTER_URL": fleet_url(), "PYTHONPATH": str(ROOT)}
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "criogenai.worker", "worker", "--pool", "threads",
+             "-c", "2", "-Q", "criogenai", "-n", name, "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = WorkerProcess(name, proc, log)
+    try:
+        wait_until_live(fleet_url(), name, worker)
+        # When a turn is sent, then it runs there like on `criogenai worker`
+        with make_dispatcher() as d:
+            [r] = d.run_turn_sync([ToolCall(id="a", name="echo", arguments={"text": "via celery -A"})])
+        assert (r.status, r.content) == ("ok", "via celery -A")
+    finally:
+        worker.stop()
