@@ -155,3 +155,55 @@ def where(pause: float = 0.0) -> str:
 def where_gpu() -> str:
     """Like where, on a queue of its own (a GPU tool's)."""
     return _worker_label()
+
+
+# -- fleet-wide limits and cancelling (tests/integration/test_limits_and_cancel.py) ---------------
+
+_ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+def peak(key: str) -> int:
+    """The most runs under key that were running at the same moment."""
+    return int(ledger().get(f"test:peak:{key}") or 0)
+
+
+def started_order(key: str) -> list[str]:
+    """The tags of the runs under key, in the order they started."""
+    return [t.decode() for t in ledger().lrange(f"test:order:{key}", 0, -1)]  # type: ignore[union-attr]
+
+
+def _gauge(key: str, seconds: float, tag: str) -> int:
+    _count(key)
+    client = ledger()
+    client.rpush(f"test:order:{key}", tag)
+    client.eval(_ENTER, 2, f"test:live:{key}", f"test:peak:{key}")
+    try:
+        time.sleep(seconds)
+    finally:
+        client.decr(f"test:live:{key}")
+    return os.getpid()
+
+
+@tool
+def gauge(key: str, seconds: float, tag: str = "") -> int:
+    """Run for a while, counting runs under key and the peak of concurrent ones (test:peak:<key>)."""
+    return _gauge(key, seconds, tag)
+
+
+@tool(max_concurrency=2)
+def gauge_capped(key: str, seconds: float, tag: str = "") -> int:
+    """gauge, with a fleet-wide cap of 2 calls at once set on the tool itself."""
+    return _gauge(key, seconds, tag)
+
+
+@tool(read_only=True)
+def report_attempt(ctx: ToolContext, key: str, fail_times: int) -> dict[str, object]:
+    """Fail with a retryable ToolError on the first fail_times runs, then say which attempt this is."""
+    n = _count(key)
+    if n <= fail_times:
+        raise ToolError(f"not yet ({n})", retryable=True)
+    return {"attempt": ctx.attempt, "call_id": ctx.call_id, "run_id": ctx.run_id}

@@ -17,7 +17,24 @@ from ._errors import (
 from ._results import fetch_full
 from ._version import __version__
 from ._wire import OnToolException, ToolCall, ToolResult, ToolStatus
-from .agent import Agent, FakeModel, Model, ModelError, RunNotFound, RunResult
+from .agent import (
+    Agent,
+    AssistantMessage,
+    FakeModel,
+    Model,
+    ModelError,
+    ModelRequest,
+    OpenAIModel,
+    RunConflict,
+    RunError,
+    RunNotFound,
+    RunResult,
+    RunStatus,
+    SystemMessage,
+    ToolMessage,
+    ToolSpec,
+    UserMessage,
+)
 from .dispatcher import (
     AfterHook,
     Allow,
@@ -34,7 +51,7 @@ from .dispatcher import (
     PendingApproval,
     ResultCache,
 )
-from .tools import Tool, ToolContext, ToolRegistry, tool, tool_from_schema
+from .tools import InvalidArguments, Tool, ToolContext, ToolRegistry, ValidArguments, tool, tool_from_schema
 
 __all__ = [
     "AfterHook",
@@ -44,6 +61,7 @@ __all__ = [
     "ApprovalConflict",
     "ApprovalNotFound",
     "Approvals",
+    "AssistantMessage",
     "BeforeHook",
     "Block",
     "Catalog",
@@ -55,26 +73,37 @@ __all__ = [
     "FakeModel",
     "HookCall",
     "InvalidApprovalArguments",
+    "InvalidArguments",
     "Limits",
     "Model",
     "ModelError",
+    "ModelRequest",
     "OnToolException",
+    "OpenAIModel",
     "PendingApproval",
     "RemoteToolException",
     "ResultCache",
     "Retry",
+    "RunConflict",
+    "RunError",
     "RunNotFound",
     "RunResult",
+    "RunStatus",
     "Settings",
+    "SystemMessage",
     "Tool",
     "ToolCall",
     "ToolContext",
     "ToolDefinitionError",
     "ToolError",
     "ToolFailed",
+    "ToolMessage",
     "ToolRegistry",
     "ToolResult",
+    "ToolSpec",
     "ToolStatus",
+    "UserMessage",
+    "ValidArguments",
     "__version__",
     "fetch_full",
     "tool",

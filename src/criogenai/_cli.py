@@ -8,7 +8,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from kombu.utils.url import maybe_sanitize_url
+
 from ._cli_approvals import add_approvals_parser
+from ._cli_cancel import add_cancel_parser
 from ._cli_fleet import add_fleet_parsers, catalog_registry
 from ._config import Settings
 from ._errors import ConfigurationError
@@ -54,6 +57,10 @@ def _worker(args: argparse.Namespace) -> int:
         from ._metrics import serve_metrics
 
         serve_metrics(app, args.metrics_port, registry.names())
+    if args.otel:
+        from ._tracing import instrument_worker
+
+        instrument_worker(args.pool)
     app.worker_main(argv)
     return 0
 
@@ -84,7 +91,11 @@ def _demo(args: argparse.Namespace) -> int:
         ToolCall(id="call_6", name="refund_order", arguments={"order": "A-1"}),
     ]
     with Dispatcher(registry) as dispatcher:
-        where = "embedded engine" if dispatcher.settings.embedded else dispatcher.settings.broker_url
+        where = (
+            "embedded engine"
+            if dispatcher.settings.embedded
+            else maybe_sanitize_url(dispatcher.settings.broker_url)  # never print a password
+        )
         print(f"Running a turn of {len(calls)} calls on the {where}:\n")
         for call, result in zip(calls, dispatcher.run_turn_sync(calls), strict=True):
             print(f"{call.id} {call.name}({json.dumps(call.arguments)})")
@@ -130,6 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=os.environ.get("CRIOGENAI_METRICS_PORT") or 0,  # argparse converts a string default
         help="serve Prometheus metrics on this port (needs criogenai[metrics])",
     )
+    w.add_argument(
+        "--otel",
+        action="store_true",
+        default=os.environ.get("CRIOGENAI_OTEL", "") not in ("", "0", "false"),
+        help="trace each call with OpenTelemetry (needs criogenai[otel]); default: $CRIOGENAI_OTEL=1",
+    )
     w.add_argument("--loglevel", "-l", default="INFO")
     w.add_argument("--hostname", "-n", default="")
     w.add_argument("--events", "-E", action="store_true", help="send task events (for Flower)")
@@ -141,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.set_defaults(func=_demo)
     add_approvals_parser(sub)
     add_fleet_parsers(sub)
+    add_cancel_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

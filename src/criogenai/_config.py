@@ -65,6 +65,31 @@ class Limits(_Value):
     max_stored_result_chars: int = Field(DEFAULT_MAX_STORED_RESULT_CHARS, gt=0)
     """What is kept with the run (the full value of a cut result, exception details), in characters."""
     max_model_rounds: int = Field(20, ge=1, le=1000)  # model calls in one agent run
+    max_calls_in_flight_per_turn: int = Field(64, ge=1)
+    """A turn's calls published and not yet finished, at most; the rest follow in call order."""
+    tool_concurrency: dict[str, int] = Field(default_factory=dict)
+    """Tool name → calls of it running at once across the whole fleet (with ``@tool(max_concurrency)``,
+    the lower wins). Calls over it wait in order, within ``queue_wait_secs``."""
+    tenant_concurrency: int | dict[str, int] | None = None
+    """Calls of one tenant (``run_turn(..., tenant=...)``) in flight at once across the fleet: one
+    number for every tenant, or tenant → number (``"*"``: every other tenant)."""
+
+    @field_validator("tool_concurrency", "tenant_concurrency")
+    @classmethod
+    def _positive(cls, value: Any) -> Any:
+        numbers = value.values() if isinstance(value, dict) else [] if value is None else [value]
+        if any(n < 1 for n in numbers):
+            raise ValueError("concurrency limits must be at least 1")
+        return value
+
+    def tenant_limit(self, tenant: str | None) -> int | None:
+        """The fleet-wide cap of this tenant's calls in flight, if any."""
+        limit = self.tenant_concurrency
+        if tenant is None or limit is None:
+            return None
+        if isinstance(limit, int):
+            return limit
+        return limit.get(tenant, limit.get("*"))
 
     @classmethod
     def coerce(cls, value: Limits | Mapping[str, Any] | None) -> Limits:
@@ -81,7 +106,7 @@ class Limits(_Value):
 class Settings(_Value):
     """Where the fleet is and how it behaves. ``Settings.from_env()`` reads ``CRIOGENAI_*``.
 
-    With no broker URL the engine is embedded: one process, kombu's in-memory transport.
+    With no broker URL the engine is embedded: calls run in this process, without Celery.
     """
 
     # Errors never echo a value back: URLs hold passwords, and the signing secret is a secret.
@@ -97,8 +122,10 @@ class Settings(_Value):
     """A running call's claim lives this long unless its worker renews it: the redelivery bound."""
     retention_secs: int = Field(DEFAULT_RETENTION_SECS, ge=60)
     """How long finished results are kept under their run."""
-    visibility_timeout_secs: int = Field(3600, ge=60)
-    """The Redis transport's redelivery backstop; criogenai's lease recovers calls much sooner."""
+    visibility_timeout_secs: int = Field(3600, ge=1)
+    """The Redis transport's redelivery backstop; criogenai's lease recovers calls much sooner.
+    Keep it above the longest call and its retry waits (the dispatcher refuses tools that would
+    exceed it): a message redelivered earlier is only wasted work, never a second run."""
     signing_secret: str | None = Field(None, repr=False)
     """Shared by dispatchers and workers: calls are signed (HMAC-SHA256) and workers refuse unsigned or
     altered ones. Without it, workers ignore signatures. See ``criogenai._signing``."""

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 import redis
+from kombu import Connection
 
 from criogenai import Dispatcher, Limits, Retry, Settings, ToolCall
 from criogenai._keys import task_id
@@ -141,6 +142,31 @@ def test_a_tool_that_kills_its_process_runs_a_bounded_number_of_times(worker_fac
         [ok] = d.run_turn_sync([ToolCall(id="e", name="echo", arguments={"text": "still here"})])
     assert ok.content == "still here"
     assert fleet_tools.runs(k) == 3  # 1 allowed run + 2 lost runs, then it ends
+
+
+def test_a_retry_waiting_longer_than_the_visibility_timeout_runs_once(worker_factory) -> None:  # type: ignore[no-untyped-def]
+    # Given two workers and a read-only call whose retry waits 8 s: Celery holds the retry's
+    # message unacknowledged until then, longer than a 2 s visibility timeout
+    workers = [worker_factory(pool="threads", concurrency=2,
+                              extra_env={"CRIOGENAI_VISIBILITY_TIMEOUT_SECS": "2"}) for _ in range(2)]
+    k = key()
+    with (make_dispatcher(tool_retry=Retry(max_attempts=3, initial_backoff=8, jitter=0)) as d,
+          concurrent.futures.ThreadPoolExecutor(1) as ex):
+        fut = ex.submit(d.run_turn_sync, [ToolCall(id="c", name="flaky_read",
+                                                   arguments={"key": k, "fail_times": 1})])
+        wait_for(lambda: fleet_tools.runs(k) == 1, what="the first, failing run")
+        time.sleep(3)
+        # When the broker redelivers it (what kombu's workers do every ~100 s; done here at once)
+        with Connection(fleet_url(), transport_options={"visibility_timeout": 2}) as conn:
+            conn.default_channel.qos.restore_visible(num=100, interval=1)
+        [r] = fut.result(timeout=30)
+    time.sleep(1)  # a copy held by the other worker fires at the same countdown
+    logs = "".join(w.output() for w in workers)
+    assert logs.count("tool:flaky_read[") - logs.count("] retry:") - logs.count("] succeeded") >= 3, \
+        "the retry was not redelivered: the test proves nothing"
+    # Then the copies did not run it again: one failure, one success
+    assert (r.status, r.attempts) == ("ok", 2), r
+    assert fleet_tools.runs(k) == 2
 
 
 def test_poison_messages_are_refused_and_the_worker_keeps_serving(worker_factory) -> None:

@@ -197,5 +197,8 @@ def test_a_call_to_a_queue_with_no_worker_ends_not_started_within_seconds(fleet:
 
 
 def test_context_carries_the_attempt_number_across_retries(dispatcher: Dispatcher) -> None:
-    [r] = dispatcher.run_turn_sync([ToolCall(id="c", name="count", arguments={"key": key()})])
-    assert json.loads(r.content)["attempt"] == 1
+    [r] = dispatcher.run_turn_sync([ToolCall(id="c", name="report_attempt",
+                                             arguments={"key": key(), "fail_times": 2})], run_id="run-ctx")
+    # The third run, under the same call id and run id (Celery retried the same task)
+    assert (r.status, r.attempts) == ("ok", 3)
+    assert json.loads(r.content) == {"attempt": 3, "call_id": "c", "run_id": "run-ctx"}

@@ -150,6 +150,19 @@ def test_an_after_hook_must_return_a_result_of_the_same_call() -> None:
     assert out.artifact["withheld"]["content"] == "fine"
 
 
+def test_hook_answers_and_replacements_are_cut_like_tool_results() -> None:
+    huge = "x" * 150_000
+    answered = run_before(lambda c: Answer(huge))
+    assert isinstance(answered, ToolResult) and answered.truncated
+    assert len(answered.content) <= 100_000
+
+    original = ToolResult(call_id="c", name="lookup", status="ok", content="fine", attempts=1)
+    seen = HookCall("lookup", {"code": "X"}, "run", "c", lookup)
+    replaced = asyncio.run(_hooks.run_after(
+        [lambda call, r: r.model_copy(update={"content": huge})], seen, original))
+    assert replaced.truncated and len(replaced.content) <= 100_000
+
+
 # -- embedded (no broker): the in-memory equivalent ------------------------------------------------
 
 

@@ -793,3 +793,11 @@ def test_calling_an_async_tool_directly_gives_its_coroutine() -> None:
 
 def test_tool_repr_names_the_tool() -> None:
     assert repr(send) == "<Tool send_message>"
+
+
+def test_a_parameter_name_pydantic_keeps_for_itself_is_refused_at_definition() -> None:
+    def configure(model_config: str) -> str:
+        return model_config
+
+    with pytest.raises(TypeError, match="model_config"):
+        tool(configure)

@@ -15,15 +15,17 @@ from .._config import Limits, Retry, Settings
 from .._errors import ConfigurationError, RemoteToolException, ToolFailed
 from .._message import hard_limit_secs
 from .._signing import sign
+from .._tracing import note_turn, traced_turn
 from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
 from ..tools import Tool, ToolRegistry
 from ..worker._app import create_app, make_ledger
 from ..worker._ledger import Ledger
 from ._approvals import Approvals
-from ._embedded import EmbeddedWorker
 from ._engine import Engine, Send
 from ._gate import Gate, run_sync
 from ._hooks import AfterHook, BeforeHook
+from ._inprocess import InProcessEngine
+from ._limiter import Gate as LimitGate
 from ._publish import RedisPublisher
 from ._validate import ValidCall, check_turn, coerce_calls
 
@@ -72,10 +74,14 @@ class Dispatcher:
         self.settings = settings or Settings.from_env(broker_url=broker_url, result_backend=result_backend)
         self._check_limits()
         self._gate = Gate(
-            self.registry, self.settings, approve=approve, before_tool=before_tool, after_tool=after_tool
+            self.registry,
+            self.settings,
+            approve=approve,
+            before_tool=before_tool,
+            after_tool=after_tool,
+            max_result_chars=self.limits.max_result_chars,
         )
-        self._engine: Engine | None = None
-        self._embedded: EmbeddedWorker | None = None
+        self._engine: Engine | InProcessEngine | None = None
         self._lock = threading.Lock()
 
     def _check_limits(self) -> None:
@@ -91,35 +97,32 @@ class Dispatcher:
 
     # -- the engine, started on first use ---------------------------------------------------------
 
-    def _start(self) -> Engine:
+    def _start(self) -> Engine | InProcessEngine:
         with self._lock:
             if self._engine is None:
-                if self.settings.embedded:
-                    ledger: Ledger = make_ledger(self.settings)
-                    app = create_app(self.settings, self.registry, ledger)
-                    app.conf.broker_transport_options = {"polling_interval": 0.002}
-                    app.conf.worker_enable_remote_control = False
-                    self._embedded = EmbeddedWorker(app)
-                    self._embedded.start()
-                    publisher = None
+                ledger: Ledger = make_ledger(self.settings)
+                if self.settings.embedded:  # no broker: the calls run in this process
+                    self._engine = InProcessEngine(
+                        self.registry,
+                        ledger,
+                        self.limits,
+                        prefix=self.settings.key_prefix,
+                        signing_secret=self.settings.signing_secret,
+                    )
                 else:
-                    ledger = make_ledger(self.settings)
                     app = create_app(self.settings)
                     publisher = _redis_publisher(app, self.settings)
-                self._engine = Engine(
-                    app, ledger, self.limits, prefix=self.settings.key_prefix, publisher=publisher
-                )
+                    self._engine = Engine(
+                        app, ledger, self.limits, prefix=self.settings.key_prefix, publisher=publisher
+                    )
             return self._engine
 
     def close(self) -> None:
-        """Stop the dispatcher's threads (and the embedded worker). Idempotent."""
+        """Stop the dispatcher's threads (the embedded engine's too). Idempotent."""
         with self._lock:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
-            if self._embedded is not None:
-                self._embedded.stop()
-                self._embedded = None
 
     def __enter__(self) -> Dispatcher:
         return self
@@ -129,29 +132,54 @@ class Dispatcher:
 
     # -- turns ------------------------------------------------------------------------------------
 
-    async def run_turn(self, calls: Sequence[CallLike], *, run_id: str | None = None) -> list[ToolResult]:
+    @traced_turn
+    async def run_turn(
+        self, calls: Sequence[CallLike], *, run_id: str | None = None, tenant: str | None = None
+    ) -> list[ToolResult]:
         """Run one turn's calls concurrently on the fleet; one result per call, in order.
 
         Passing the ``run_id`` of an earlier attempt returns its finished calls' stored results
         without running them again; that is also how a turn resumes after approvals were decided.
-        Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
+        ``tenant`` counts the calls against ``Limits.tenant_concurrency``. Cancelling the task that
+        awaits this cancels the turn (``cancel``). Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
         """
         ordered, rid, valid, done = self._prepare(calls, run_id)
         turn = await self._gate.before(rid, valid, done, self._start().ledger if run_id else None)
-        future = self._start().submit(rid, self._sends(turn.valid, rid), check_finished=run_id is not None)
-        gathered = await asyncio.wrap_future(future)
+        sends = self._sends(turn.valid, rid, tenant)
+        future = self._start().submit(rid, sends, check_finished=run_id is not None)
+        try:
+            gathered = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # Off the event loop: cancelling does a few Redis round trips.
+            threading.Thread(target=self.cancel, args=(rid,), name="criogenai-cancel", daemon=True).start()
+            raise
         return self._finish(ordered, {}, await self._gate.after(turn, ordered, gathered | turn.done))
 
-    def run_turn_sync(self, calls: Sequence[CallLike], *, run_id: str | None = None) -> list[ToolResult]:
+    @traced_turn
+    def run_turn_sync(
+        self, calls: Sequence[CallLike], *, run_id: str | None = None, tenant: str | None = None
+    ) -> list[ToolResult]:
         """``run_turn`` for code without an event loop."""
         ordered, rid, valid, done = self._prepare(calls, run_id)
         ledger = self._start().ledger if run_id else None
         turn = run_sync(self._gate.before(rid, valid, done, ledger)) if not self._gate.empty else None
-        sends = self._sends(turn.valid if turn else valid, rid)
+        sends = self._sends(turn.valid if turn else valid, rid, tenant)
         gathered = self._start().submit(rid, sends, check_finished=run_id is not None).result()
         if turn is None:
             return self._finish(ordered, done, gathered)
         return self._finish(ordered, {}, run_sync(self._gate.after(turn, ordered, gathered | turn.done)))
+
+    def cancel(self, run_id: str) -> None:
+        """Cancel a run's turn, from any process: calls not started never run, running ones are
+        told to stop; each ends ``cancelled`` and the turn returns within seconds.
+
+        Running the same run id again afterwards ends its unfinished calls ``cancelled`` too.
+        """
+        engine = self._start()
+        if isinstance(engine, Engine):
+            engine.cancel(run_id)
+        else:
+            engine.ledger.cancel(run_id)
 
     @property
     def approvals(self) -> Approvals:
@@ -172,12 +200,32 @@ class Dispatcher:
     ) -> tuple[list[ToolCall], str, list[ValidCall], dict[str, ToolResult]]:
         ordered = coerce_calls(calls)
         rid = run_id or uuid.uuid4().hex
+        note_turn(rid, ordered)
         valid, done = check_turn(ordered, self.registry, self.limits, rid)
         return ordered, rid, valid, done
 
-    def _sends(self, valid: list[ValidCall], rid: str) -> list[Send]:
+    def _sends(self, valid: list[ValidCall], rid: str, tenant: str | None = None) -> list[Send]:
         engine = self._start()
-        return [Send(self._task(v, rid, engine.reply_to), v.tool.queue, v.tool.retryable) for v in valid]
+        return [
+            Send(
+                self._task(v, rid, engine.reply_to),
+                v.tool.queue,
+                v.tool.retryable,
+                self._gates(v.tool, tenant),
+            )
+            for v in valid
+        ]
+
+    def _gates(self, tool: Tool[..., Any], tenant: str | None) -> tuple[LimitGate, ...]:
+        """The fleet-wide limits a call of this tool takes a place in before it is published."""
+        gates: list[LimitGate] = []
+        caps = [n for n in (tool.max_concurrency, self.limits.tool_concurrency.get(tool.name)) if n]
+        if caps:
+            gates.append((f"tool:{tool.name}", min(caps)))
+        tenant_cap = self.limits.tenant_limit(tenant)
+        if tenant is not None and tenant_cap:
+            gates.append((f"tenant:{tenant}", tenant_cap))
+        return tuple(gates)
 
     def _task(self, v: ValidCall, run_id: str, reply_to: str) -> ToolTask:
         """The call's message body, signed when the settings have a signing secret."""

@@ -19,7 +19,7 @@ from .._config import Settings
 from .._errors import ConfigurationError
 from .._outcomes import invalid_arguments
 from .._wire import ToolCall, ToolResult
-from ..tools import InvalidArguments, ToolRegistry
+from ..tools import DEFAULT_MAX_RESULT_CHARS, InvalidArguments, ToolRegistry
 from ..worker._ledger import Ledger
 from ._approvals import Approvals, ApprovalStore, PendingApproval, approval_store, request_approval
 from ._hooks import AfterHook, BeforeHook, HookCall, ResultCache, is_async_hook, run_after, run_before
@@ -79,8 +79,10 @@ class Gate:
         approve: Iterable[str] = (),
         before_tool: Sequence[BeforeHook] = (),
         after_tool: Sequence[AfterHook] = (),
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     ) -> None:
         self.registry = registry
+        self.max_result_chars = max_result_chars
         self.approve = frozenset([approve] if isinstance(approve, str) else approve)
         unknown = sorted(self.approve - set(registry.names()))
         if unknown:
@@ -138,7 +140,9 @@ class Gate:
             if v.call.id not in finished:
                 record = records.get(v.call.id)
                 if record is None:
-                    outcome = await run_before(self.before_hooks, v.call, v.tool, run_id)
+                    outcome = await run_before(
+                        self.before_hooks, v.call, v.tool, run_id, self.max_result_chars
+                    )
                     if isinstance(outcome, ToolCall) and v.tool.name in self.approve:
                         record = request_approval(
                             self.store, run_id, outcome, v.tool.schema, v.tool.schema_hash
@@ -182,7 +186,7 @@ class Gate:
             seen = turn.ran_as.get(c.id) or HookCall(
                 c.name, c.arguments, out[c.id].run_id, c.id, self.registry.get(c.name)
             )
-            out[c.id] = await run_after(self.after_hooks, seen, out[c.id])
+            out[c.id] = await run_after(self.after_hooks, seen, out[c.id], self.max_result_chars)
         return out
 
 

@@ -23,7 +23,7 @@ import redis
 
 from .._config import Settings
 from .._wire import ToolCall, ToolResult
-from ..tools import InvalidArguments, Tool, to_json_text
+from ..tools import DEFAULT_MAX_RESULT_CHARS, InvalidArguments, Tool, cut, to_json_text
 from ._validate import refused
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,11 @@ def _copy(arguments: Any) -> Any:
 
 
 async def run_before(
-    hooks: list[BeforeHook], call: ToolCall, tool: Tool[..., Any], run_id: str
+    hooks: list[BeforeHook],
+    call: ToolCall,
+    tool: Tool[..., Any],
+    run_id: str,
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
 ) -> ToolCall | ToolResult:
     """Run the hooks in order: the call to send (maybe with changed arguments), or its result now."""
     for hook in hooks:
@@ -153,13 +157,15 @@ async def run_before(
                     f"hook {hook_name(hook)!r} answered with a value that is not JSON.",
                     {"hook_error": _failure(hook, exc)},
                 )
+            body = cut(text, max_result_chars)  # an answer is held to the same limit as a result
             return ToolResult(
                 call_id=call.id,
                 name=call.name,
                 run_id=run_id,
                 status="ok",
-                content=text,
+                content=body.text,
                 artifact=decision.artifact,
+                truncated=body.truncated,
                 cached=True,
             )
         if isinstance(decision, ChangeArguments):
@@ -178,7 +184,12 @@ async def run_before(
     return call
 
 
-async def run_after(hooks: list[AfterHook], call: HookCall, result: ToolResult) -> ToolResult:
+async def run_after(
+    hooks: list[AfterHook],
+    call: HookCall,
+    result: ToolResult,
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+) -> ToolResult:
     """Run the hooks in order on one result; each sees the previous one's replacement.
 
     A hook that raises (or returns something else than a ToolResult for the same call) withholds
@@ -209,6 +220,9 @@ async def run_after(hooks: list[AfterHook], call: HookCall, result: ToolResult) 
                     "truncated": False,
                 }
             )
+    if len(result.content) > max_result_chars:  # a replacement is held to the same limit
+        body = cut(result.content, max_result_chars)
+        result = result.model_copy(update={"content": body.text, "truncated": True})
     return result
 
 

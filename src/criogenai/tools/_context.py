@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,3 +21,10 @@ class ToolContext:
     tool_name: str = ""
     attempt: int = 1
     """1 on the first run of this call, 2 on the first retry, and so on."""
+    cancel_event: threading.Event | None = field(default=None, repr=False, compare=False)
+    """Set by the worker when the call's turn is cancelled; read it through ``cancelled``."""
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the turn was cancelled: a long tool may check it and return early."""
+        return self.cancel_event is not None and self.cancel_event.is_set()

@@ -107,11 +107,22 @@ def build_function_schema(fn: Callable[..., Any], tool_name: str) -> FunctionSch
     if problems:
         raise ToolDefinitionError(f"tool {tool_name!r}: " + "; ".join(problems))
 
-    model = create_model(
-        f"{tool_name}_arguments",
-        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
-        **fields,
-    )
+    reserved = sorted(n for n in fields if n == "model_config")
+    try:
+        model = create_model(
+            f"{tool_name}_arguments",
+            __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
+            **{n: f for n, f in fields.items() if n not in reserved},
+        )
+    except Exception as exc:
+        raise ToolDefinitionError(f"tool {tool_name!r}: its parameters cannot be described: {exc}") from exc
+    # pydantic keeps some names for itself and would drop such a parameter from the schema silently
+    dropped = reserved + sorted(set(fields) - set(reserved) - set(model.model_fields))
+    if dropped:
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: parameter name(s) {', '.join(map(repr, dropped))} are reserved by "
+            "pydantic; rename them"
+        )
     try:
         json_schema = model.model_json_schema(schema_generator=_NoFieldTitles)
     except Exception as exc:

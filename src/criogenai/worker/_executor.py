@@ -11,13 +11,15 @@ import asyncio
 import concurrent.futures
 import ctypes
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .._errors import ToolError
-from .._outcomes import Outcome, invalid_arguments, timed_out, unexpected
+from .._message import hard_limit_secs
+from .._outcomes import Outcome, invalid_arguments, stopped_by_cancel, timed_out, unexpected
 from .._wire import DEFAULT_MAX_STORED_CHARS, OnToolException
 from ..tools import InvalidArguments, Tool, ToolContext, cut, to_json_text
 
@@ -26,6 +28,61 @@ log = logging.getLogger(__name__)
 
 class _TimedOut(BaseException):
     """Raised into a tool's thread when its time is up (BaseException: a bare except misses it)."""
+
+
+class _Cancelled(BaseException):
+    """Raised into a tool's thread when its turn is cancelled."""
+
+
+class CallStop:
+    """Stops one running call from another thread (the lease keeper's) when its turn is cancelled.
+
+    The executor arms it with the way to interrupt what it runs: cancel an async tool's task, wake
+    the thread waiting for a sync tool (which is then abandoned, as at a timeout), or, in a prefork
+    child where the tool runs on the main thread, raise there with the soft limit's own signal
+    (which interrupts ``time.sleep`` and other blocking waits, unlike an async exception).
+    """
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._interrupt: Callable[[], None] | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def cancel(self) -> None:
+        """Ask the call to stop: cooperative tools see ``ctx.cancelled``, others are interrupted."""
+        with self._lock:
+            if self.event.is_set():
+                return
+            self.event.set()
+            if self._interrupt is not None:
+                self._interrupt()
+
+    def arm(self, interrupt: Callable[[], None]) -> None:
+        with self._lock:
+            self._interrupt = interrupt
+            if self.event.is_set():
+                interrupt()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._interrupt = None
+
+
+def _interrupt_this_thread() -> Callable[[], None]:
+    """How to interrupt the calling thread from another one (for a tool run inline)."""
+    ident = threading.get_ident()
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if (
+        ident == threading.main_thread().ident
+        and usr1 is not None
+        and callable(signal.getsignal(usr1))  # billiard's soft-limit handler in a prefork child
+    ):
+        return lambda: signal.pthread_kill(ident, usr1)
+    return lambda: _raise_in_thread(ident, _Cancelled)
 
 
 _EXPIRED = object()
@@ -82,7 +139,7 @@ def _raise_in_thread(ident: int, exc_type: type[BaseException]) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
 
 
-def _run_sync_on_thread(fn: Callable[[], Any], timeout: float) -> Any:
+def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:
     ident: list[int] = []
 
     def call() -> Any:
@@ -91,33 +148,63 @@ def _run_sync_on_thread(fn: Callable[[], Any], timeout: float) -> Any:
 
     future = _thread_pool().submit(call)
     # wait, not result(timeout): a TimeoutError the tool raises itself is its exception, not a timeout
-    done, _ = concurrent.futures.wait([future], timeout)
-    if not done:
+    wake = threading.Event()
+    future.add_done_callback(lambda _: wake.set())
+    if stop is not None:
+        stop.arm(wake.set)
+    try:
+        wake.wait(timeout)
+    finally:
+        if stop is not None:
+            stop.disarm()
+    if not future.done():
+        why = _Cancelled if stop is not None and stop.requested else _TimedOut
         if ident and not future.done():
-            _raise_in_thread(ident[0], _TimedOut)
-        raise _TimedOut
+            _raise_in_thread(ident[0], why)
+        raise why
     return future.result()
 
 
-def _run_async(make_coro: Callable[[], Any], timeout: float) -> Any:
+def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:
     loop = _LoopThread.get().loop
 
     async def bounded() -> Any:
         scope = asyncio.timeout(timeout)
         try:
             async with scope:
-                return await make_coro()
+                value = await make_coro()
         except TimeoutError:
             if scope.expired():  # our limit, not a TimeoutError the tool raised itself
                 return _EXPIRED
             raise
+        # A coroutine that swallowed its cancellation and returned anyway still ran past its limit.
+        return _EXPIRED if scope.expired() else value
 
     future = asyncio.run_coroutine_threadsafe(bounded(), loop)
+    if stop is not None:
+
+        def cancel_task() -> None:
+            future.cancel()  # its callback cancels the coroutine's task on the loop
+
+        stop.arm(cancel_task)
     try:
+        # Bounded too: a coroutine that ignores cancellation, or blocks the loop, is abandoned.
+        # (wait, not result(timeout): a TimeoutError the tool raises itself is its own exception)
+        done, _ = concurrent.futures.wait([future], hard_limit_secs(timeout))
+        if not done:
+            future.cancel()
+            raise _TimedOut
         value = future.result()
+    except concurrent.futures.CancelledError:
+        if stop is not None and stop.requested:
+            raise _Cancelled from None
+        raise
     except BaseException:
         future.cancel()  # a soft limit arrived in this (waiting) thread: stop the coroutine too
         raise
+    finally:
+        if stop is not None:
+            stop.disarm()
     if value is _EXPIRED:
         raise _TimedOut
     return value
@@ -134,13 +221,15 @@ def execute(
     max_stored_chars: int = DEFAULT_MAX_STORED_CHARS,
     inline_sync: bool = False,
     interrupts: tuple[type[BaseException], ...] = (),
+    stop: CallStop | None = None,
 ) -> Outcome:
     """Run one call of ``tool`` and say what happened; texts within ``max_result_chars`` for the
     model and ``max_stored_chars`` for what the run keeps.
 
     ``inline_sync`` runs a sync tool on the calling thread (a prefork child, where Celery's limits
     interrupt it); otherwise it runs on a thread and is abandoned at its limit. ``interrupts`` are
-    exceptions that mean the time is up (Celery's soft limit).
+    exceptions that mean the time is up (Celery's soft limit). ``stop`` lets another thread stop
+    the call when its turn is cancelled; the outcome is then ``cancelled``.
     """
     checked = tool.validate(arguments)
     if isinstance(checked, InvalidArguments):
@@ -148,12 +237,20 @@ def execute(
     kwargs = checked.kwargs
     started = time.monotonic()
     try:
+        if stop is not None and stop.requested:
+            raise _Cancelled
         if tool.is_async:
-            value = _run_async(lambda: tool.invoke(kwargs, ctx), timeout_secs)
+            value = _run_async(lambda: tool.invoke(kwargs, ctx), timeout_secs, stop)
         elif inline_sync:
-            value = tool.invoke(kwargs, ctx)
+            if stop is not None:
+                stop.arm(_interrupt_this_thread())
+            try:
+                value = tool.invoke(kwargs, ctx)
+            finally:
+                if stop is not None:
+                    stop.disarm()
         else:
-            value = _run_sync_on_thread(lambda: tool.invoke(kwargs, ctx), timeout_secs)
+            value = _run_sync_on_thread(lambda: tool.invoke(kwargs, ctx), timeout_secs, stop)
         text = to_json_text(value)
     except ToolError as exc:
         message = cut(str(exc.message), max_result_chars)
@@ -164,7 +261,9 @@ def execute(
             retryable=exc.retryable,
             duration_secs=time.monotonic() - started,
         )
-    except (_TimedOut, *interrupts):  # type: ignore[misc]
+    except (_TimedOut, _Cancelled, *interrupts):  # type: ignore[misc]
+        if stop is not None and stop.requested:
+            return stopped_by_cancel(tool.name, time.monotonic() - started)
         return timed_out(tool.name, timeout_secs, time.monotonic() - started)
     except Exception as exc:
         caps = (max_result_chars, max(max_stored_chars, max_result_chars))

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from .._config import backoff_secs
 from .._keys import MAX_LOST_RUNS, TASK_NAME
 from .._message import hard_limit_secs, send_call
-from .._outcomes import Outcome, timed_out
+from .._outcomes import Outcome, cancelled_before_start, timed_out
 from .._signing import refusal
 from .._wire import ToolResult, ToolTask
 from ..tools import ToolContext, ToolRegistry
@@ -43,6 +43,55 @@ def _result(payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
         truncated=outcome.truncated,
         duration_secs=round(outcome.duration_secs, 6),
     )
+
+
+def unknown_tool_result(payload: ToolTask, registry: ToolRegistry) -> ToolResult:
+    """The result for a call of a tool this worker does not have (a forged name): nothing ran."""
+    call = payload.call
+    text = f"Unknown tool {call.name!r} on this worker. Available tools: {', '.join(registry.names())}."
+    return ToolResult(
+        call_id=call.id, name=call.name, run_id=payload.run_id, status="unknown_tool", content=text
+    )
+
+
+def refused_result(payload: ToolTask, why: str) -> ToolResult:
+    """The result for a call whose message was refused before anything ran (``_signing``)."""
+    call = payload.call
+    return ToolResult(
+        call_id=call.id,
+        name=call.name,
+        run_id=payload.run_id,
+        status="not_started",
+        content=f"Tool {call.name!r} was not run: the worker refused the call's message ({why}).",
+        artifact={"refused": why},
+    )
+
+
+def too_many_runs(payload: ToolTask, attempt: int) -> Outcome | None:
+    """The outcome of a call whose runs kept dying under it, once run ``attempt`` is one too many."""
+    if attempt <= payload.max_attempts + MAX_LOST_RUNS:
+        return None
+    return Outcome(
+        "lost",
+        f"Tool {payload.call.name!r} could not finish: its process died {attempt - 1} "
+        "times while running this call.",
+    )
+
+
+def retry_delay(payload: ToolTask, outcome: Outcome, attempt: int) -> float | None:
+    """The wait before running the call again after run ``attempt``, or None when it is final."""
+    if not (outcome.retryable and attempt < payload.max_attempts):
+        return None
+    return backoff_secs(
+        attempt, initial=payload.initial_backoff_secs, maximum=payload.max_backoff_secs, jitter=payload.jitter
+    )
+
+
+def filed_result(payload: ToolTask, outcome: Outcome, attempts: int) -> tuple[ToolResult, bool]:
+    """The result to file, and whether it finishes the call: an exception under ``fail`` does not
+    (it fails the turn, which may be run again)."""
+    fails_run = outcome.status == "exception" and payload.on_tool_exception == "fail"
+    return _result(payload, outcome, attempts), not fails_run
 
 
 def _for_celery(result: ToolResult) -> dict[str, Any]:
@@ -82,7 +131,12 @@ class WorkerRuntime:
         try:
             payload = ToolTask.model_validate(body)
         except ValidationError as exc:
-            log.error("refused task %s: not a criogenai call: %s", task.request.id, exc)
+            # Where and what, never the input: a refused message's arguments may hold secrets.
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                for e in exc.errors(include_input=False)[:10]
+            )
+            log.error("refused task %s: not a criogenai call: %s", task.request.id, problems)
             raise Reject(
                 f"not a criogenai call (v1): {exc.error_count()} problem(s)", requeue=False
             ) from None
@@ -95,16 +149,14 @@ class WorkerRuntime:
             # A forged name, or a tool this worker does not have: nothing is imported or run.
             log.error("refused call %s/%s (task %s): unknown tool %r", run_id, call.id, task.request.id,
                       call.name[:100])
-            text = (
-                f"Unknown tool {call.name!r} on this worker. "
-                f"Available tools: {', '.join(self.registry.names())}."
-            )
-            result = ToolResult(
-                call_id=call.id, name=call.name, run_id=run_id, status="unknown_tool", content=text
-            )
+            result = unknown_tool_result(payload, self.registry)
             # A token no claim holds: a forged message must not drop a running call's claim.
             self.ledger.finish(result, run_id, "refused", payload.reply_to, done=True)
             return _for_celery(result)
+        if payload.max_attempts > 1 and not tool.retryable:
+            # The rule is the worker's too: a queue written by others cannot make it retry a
+            # tool that is neither read-only nor idempotent.
+            payload = payload.model_copy(update={"max_attempts": 1})
 
         claim = self.ledger.claim(run_id, call.id, self.token, payload.deadline)
         if claim.kind == "expired":
@@ -112,23 +164,24 @@ class WorkerRuntime:
             # answered for it, so no result is filed. A replayed old message ends here too.
             log.warning("call %s/%s not run: its deadline passed before it started", run_id, call.id)
             raise Ignore()
+        if claim.kind == "cancelled":
+            # Its turn was cancelled before this run could start (a first run or a retry).
+            log.info("call %s/%s not run: its turn was cancelled", run_id, call.id)
+            starts = self.ledger.progress(run_id, [call.id])[call.id].starts
+            return self._finish(payload, cancelled_before_start(call.name), starts)
         if claim.kind != "claimed":
             log.info("call %s/%s not run: %s", run_id, call.id, claim.kind)
             raise Ignore()
         attempt = claim.attempt
-        if attempt > payload.max_attempts + MAX_LOST_RUNS:
-            return self._finish(
-                payload,
-                Outcome(
-                    "lost",
-                    f"Tool {call.name!r} could not finish: its process died {attempt - 1} "
-                    "times while running this call.",
-                ),
-                attempt,
-            )
+        lost = too_many_runs(payload, attempt)
+        if lost is not None:
+            return self._finish(payload, lost, attempt)
 
-        ctx = ToolContext(call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt)
-        self.leases.hold(run_id, call.id, self.token)
+        stop = _executor.CallStop()
+        ctx = ToolContext(
+            call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt, cancel_event=stop.event
+        )
+        self.leases.hold(run_id, call.id, self.token, on_cancel=stop.cancel)
         try:
             outcome = _executor.execute(
                 tool,
@@ -140,6 +193,7 @@ class WorkerRuntime:
                 max_stored_chars=payload.max_stored_chars,
                 inline_sync=self.inline_sync,
                 interrupts=(SoftTimeLimitExceeded,),
+                stop=stop,
             )
         finally:
             self.leases.drop(run_id, call.id)
@@ -153,13 +207,8 @@ class WorkerRuntime:
             outcome.duration_secs,
         )
 
-        if outcome.retryable and attempt < payload.max_attempts:
-            delay = backoff_secs(
-                attempt,
-                initial=payload.initial_backoff_secs,
-                maximum=payload.max_backoff_secs,
-                jitter=payload.jitter,
-            )
+        delay = retry_delay(payload, outcome, attempt)
+        if delay is not None:
             self.ledger.await_retry(run_id, call.id, self.token, delay)
             raise task.retry(countdown=delay, max_retries=None)
         return self._finish(payload, outcome, attempt)
@@ -189,23 +238,15 @@ class WorkerRuntime:
         call = payload.call
         log.error("refused call %s/%s (task %s, tool %r): %s; nothing ran",
                   payload.run_id, call.id, task.request.id, call.name[:100], why)
-        result = ToolResult(
-            call_id=call.id,
-            name=call.name,
-            run_id=payload.run_id,
-            status="not_started",
-            content=f"Tool {call.name!r} was not run: the worker refused the call's message ({why}).",
-            artifact={"refused": why},
-        )
+        result = refused_result(payload, why)
         # Not filed as finished (done=False), so that running the turn again can still run the
         # call; a token no claim holds, so that a forged message cannot drop a running call's claim.
         self.ledger.finish(result, payload.run_id, "refused", payload.reply_to, done=False)
         raise Reject(f"refused: {why}", requeue=False)
 
     def _finish(self, payload: ToolTask, outcome: Outcome, attempts: int) -> dict[str, Any]:
-        result = _result(payload, outcome, attempts)
-        fails_run = outcome.status == "exception" and payload.on_tool_exception == "fail"
-        self.ledger.finish(result, payload.run_id, self.token, payload.reply_to, done=not fails_run)
+        result, done = filed_result(payload, outcome, attempts)
+        self.ledger.finish(result, payload.run_id, self.token, payload.reply_to, done=done)
         return _for_celery(result)
 
     def on_process_failure(self, exc: BaseException, kwargs: dict[str, Any] | None) -> None:
@@ -236,7 +277,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
     """Register the task and the signal handlers that connect Celery to the runtime."""
 
     # shared=False: a task shared across apps would make a second app in this process (a second
-    # embedded dispatcher) run the first app's tools.
+    # worker app with other tools) run the first app's tools.
     # When the ledger writes Celery's result record itself (in the step that files the result),
     # Celery's own store would only write it again, at two more round trips.
     @app.task(  # type: ignore[untyped-decorator]

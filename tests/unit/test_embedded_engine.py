@@ -1,0 +1,234 @@
+"""The embedded engine (no broker): calls run in this process with the worker's rules."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from criogenai import Dispatcher, Retry, Settings, ToolCall, ToolContext, ToolError, ToolFailed, tool
+from criogenai._signing import sign
+from criogenai._wire import ToolTask
+from criogenai.dispatcher._engine import Send
+from criogenai.dispatcher._inprocess import InProcessEngine
+from criogenai.tools import ToolRegistry
+from criogenai.worker._ledger import MemoryLedger
+
+RUNS: Counter[str] = Counter()
+ATTEMPTS: dict[str, list[int]] = {}
+SECRET = "a-secret-of-enough-length"
+
+
+@tool(read_only=True)
+def flaky(key: str, fail_times: int, ctx: ToolContext) -> str:
+    """Fail with a retryable ToolError on the first fail_times runs."""
+    RUNS[key] += 1
+    ATTEMPTS.setdefault(key, []).append(ctx.attempt)
+    if RUNS[key] <= fail_times:
+        raise ToolError(f"not yet ({RUNS[key]})", retryable=True)
+    return f"ok after {RUNS[key]}"
+
+
+@tool
+def flaky_write(key: str, fail_times: int) -> str:
+    """Not read-only: never retried."""
+    RUNS[key] += 1
+    if RUNS[key] <= fail_times:
+        raise ToolError(f"not yet ({RUNS[key]})", retryable=True)
+    return "written"
+
+
+@tool
+def counted(key: str) -> int:
+    """Count a run under key."""
+    RUNS[key] += 1
+    return RUNS[key]
+
+
+@tool
+def boom(key: str) -> str:
+    """Count a run, then raise."""
+    RUNS[key] += 1
+    raise RuntimeError(f"broken {key}")
+
+
+@tool
+def nap(seconds: float) -> float:
+    """Sleep on a thread."""
+    time.sleep(seconds)
+    return seconds
+
+
+@tool
+async def async_nap(seconds: float, key: str = "") -> float:
+    """Sleep on the event loop; count a cancellation under key."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        RUNS[key + ":cancelled"] += 1
+        raise
+    return seconds
+
+
+@tool
+def grow(items: list[int]) -> list[int]:
+    """Append to the list it was given."""
+    items.append(99)
+    return items
+
+
+@tool
+def big(n: int) -> str:
+    """Return n characters."""
+    return "x" * n
+
+
+@tool(queue="gpu-only")
+def on_gpu() -> str:
+    """A tool routed to a queue of its own."""
+    return "ran"
+
+
+TOOLS = [flaky, flaky_write, counted, boom, nap, async_nap, grow, big, on_gpu]
+
+
+def key() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def dispatcher() -> Iterator[Dispatcher]:
+    with Dispatcher(TOOLS, settings=Settings(), tool_retry=Retry(initial_backoff=0.01)) as d:
+        yield d
+
+
+def test_a_read_only_tool_is_retried_with_backoff_and_counts_its_attempts(dispatcher: Dispatcher) -> None:
+    k = key()
+    [r] = dispatcher.run_turn_sync([ToolCall(id="r", name="flaky", arguments={"key": k, "fail_times": 2})])
+    assert (r.status, r.content, r.attempts) == ("ok", "ok after 3", 3)
+    assert ATTEMPTS[k] == [1, 2, 3]
+
+
+def test_a_read_only_tool_gives_up_after_max_attempts(dispatcher: Dispatcher) -> None:
+    k = key()
+    [r] = dispatcher.run_turn_sync([ToolCall(id="r", name="flaky", arguments={"key": k, "fail_times": 9})])
+    assert (r.status, r.content, r.attempts) == ("tool_error", "not yet (3)", 3)
+    assert RUNS[k] == 3
+
+
+def test_a_tool_that_is_not_read_only_is_never_retried(dispatcher: Dispatcher) -> None:
+    k = key()
+    call = ToolCall(id="w", name="flaky_write", arguments={"key": k, "fail_times": 1})
+    [r] = dispatcher.run_turn_sync([call])
+    assert (r.status, r.content, r.attempts) == ("tool_error", "not yet (1)", 1)
+    assert RUNS[k] == 1
+
+
+def test_running_a_turn_again_with_its_run_id_does_not_run_finished_calls(dispatcher: Dispatcher) -> None:
+    k = key()
+    calls = [ToolCall(id=f"c{i}", name="counted", arguments={"key": k}) for i in range(3)]
+    first = dispatcher.run_turn_sync(calls, run_id="run-" + k)
+    again = dispatcher.run_turn_sync(calls, run_id="run-" + k)
+    assert RUNS[k] == 3
+    assert [r.content for r in again] == [r.content for r in first]
+    assert sorted(r.content for r in first) == ["1", "2", "3"]
+
+
+def test_a_call_that_failed_the_turn_runs_again_when_the_turn_is_run_again() -> None:
+    k = key()
+    with Dispatcher(TOOLS, settings=Settings(), on_tool_exception="fail") as d:
+        calls = [ToolCall(id="ok", name="counted", arguments={"key": k}),
+                 ToolCall(id="x", name="boom", arguments={"key": k + "b"})]
+        for _ in range(2):
+            with pytest.raises(ToolFailed) as info:
+                d.run_turn_sync(calls, run_id="run-" + k)
+            assert [r.status for r in info.value.results] == ["ok", "exception"]
+    assert (RUNS[k], RUNS[k + "b"]) == (1, 2)
+
+
+def test_sync_and_async_tools_past_their_limit_time_out() -> None:
+    k = key()
+    with Dispatcher(TOOLS, settings=Settings(), limits={"tool_timeout_secs": 0.3}) as d:
+        started = time.monotonic()
+        sync, asyn = d.run_turn_sync([
+            ToolCall(id="s", name="nap", arguments={"seconds": 5}),
+            ToolCall(id="a", name="async_nap", arguments={"seconds": 5, "key": k}),
+        ])
+        elapsed = time.monotonic() - started
+    assert (sync.status, asyn.status) == ("timeout", "timeout")
+    assert sync.content == "Tool 'nap' did not finish within 0.3 s."
+    assert asyn.content == "Tool 'async_nap' did not finish within 0.3 s."
+    assert elapsed < 4
+    assert RUNS[k + ":cancelled"] == 1, "the async tool was not cancelled"
+
+
+def test_a_tool_gets_its_own_copy_of_the_arguments(dispatcher: Dispatcher) -> None:
+    items = [1, 2]
+    [r] = dispatcher.run_turn_sync([ToolCall(id="g", name="grow", arguments={"items": items})])
+    assert r.content == "[1, 2, 99]"
+    assert items == [1, 2]
+
+
+def test_every_tool_runs_in_process_whatever_its_queue(dispatcher: Dispatcher) -> None:
+    [r] = dispatcher.run_turn_sync([ToolCall(id="q", name="on_gpu", arguments={})])
+    assert (r.status, r.content) == ("ok", "ran")
+
+
+def test_a_cut_result_keeps_its_full_text_with_the_run() -> None:
+    with Dispatcher(TOOLS, settings=Settings(), limits={"max_result_chars": 100}) as d:
+        [r] = d.run_turn_sync([ToolCall(id="b", name="big", arguments={"n": 500})])
+        assert r.truncated and len(r.content) == 100
+        assert d.fetch_full(r.run_id, "b") == "x" * 500
+
+
+def test_many_concurrent_turns_from_one_event_loop_all_complete(dispatcher: Dispatcher) -> None:
+    async def many() -> list[list[str]]:
+        calls = [ToolCall(id=f"c{i}", name="nap", arguments={"seconds": 0.01}) for i in range(10)]
+        turns = [dispatcher.run_turn(calls) for _ in range(30)]
+        return [[r.status for r in rs] for rs in await asyncio.gather(*turns)]
+
+    assert asyncio.run(many()) == [["ok"] * 10] * 30
+
+
+def test_signed_calls_run_and_unsigned_or_altered_ones_are_refused() -> None:
+    k = key()
+    with Dispatcher(TOOLS, settings=Settings(signing_secret=SECRET)) as d:
+        [r] = d.run_turn_sync([ToolCall(id="s", name="counted", arguments={"key": k})])
+    assert (r.status, RUNS[k]) == ("ok", 1)
+
+    engine = InProcessEngine(ToolRegistry(TOOLS), MemoryLedger(), d.limits, signing_secret=SECRET)
+    try:
+        task = ToolTask(run_id="r1", call=ToolCall(id="u", name="counted", arguments={"key": k}),
+                        timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
+                        jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
+                        deadline=time.time() + 60)
+        altered = sign(task, SECRET).model_copy(
+            update={"call": ToolCall(id="a", name="counted", arguments={"key": k + "x"})})
+        sends = [Send(task, "criogenai", False), Send(altered, "criogenai", False)]
+        results = engine.submit("r1", sends, check_finished=False).result(timeout=10)
+    finally:
+        engine.close()
+    assert [results[c].status for c in ("u", "a")] == ["not_started", "not_started"]
+    assert "not signed" in results["u"].content
+    assert "does not match" in results["a"].content
+    assert (RUNS[k], RUNS[k + "x"]) == (1, 0)
+
+
+def test_closing_the_dispatcher_answers_a_call_in_flight() -> None:
+    d = Dispatcher(TOOLS, settings=Settings())
+    out: list[str] = []
+    runner = threading.Thread(
+        target=lambda: out.extend(
+            r.status for r in d.run_turn_sync([ToolCall(id="n", name="nap", arguments={"seconds": 3})])
+        )
+    )
+    runner.start()
+    time.sleep(0.3)
+    d.close()
+    runner.join(timeout=5)
+    assert out == ["lost"]
