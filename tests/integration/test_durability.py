@@ -261,14 +261,38 @@ def test_soak_of_2000_calls_on_3_workers_with_one_killed_and_restarted(worker_fa
     assert max(counts) <= 2
 
 
-def test_every_key_the_fleet_leaves_behind_expires(worker_factory) -> None:
+def test_every_key_the_fleet_leaves_behind_expires(worker_factory) -> None:  # type: ignore[no-untyped-def]
+    from criogenai import Agent, Approvals, FakeModel, ResultCache
+    from tests.conftest import make_dispatcher as tools_dispatcher
+
     worker_factory(pool="threads", concurrency=4)
-    with make_dispatcher(tool_retry=Retry(max_attempts=2, initial_backoff=0.05)) as d:
+    settings = Settings(broker_url=fleet_url(), lease_secs=2.0)
+    cache = ResultCache(ttl_secs=600, settings=settings)
+    with make_dispatcher(tool_retry=Retry(max_attempts=2, initial_backoff=0.05), approve=["flaky_write"],
+                         before_tool=[cache.before], after_tool=[cache.after]) as d:
         for _ in range(5):
             d.run_turn_sync([ToolCall(id=f"c{i}", name="flaky_read",
                                       arguments={"key": key(), "fail_times": i % 2}) for i in range(20)])
+        # approvals: one asked, decided and resumed; cache: one read twice
+        asked = [ToolCall(id="w", name="flaky_write", arguments={"key": key(), "fail_times": 0}),
+                 ToolCall(id="e", name="echo", arguments={"text": "cached"})]
+        [waiting, _] = d.run_turn_sync(asked, run_id="run-expiry")
+        assert waiting.status == "pending_approval"
+        Approvals(settings).approve("run-expiry", "w")
+        assert [r.status for r in d.run_turn_sync(asked, run_id="run-expiry")] == ["ok", "ok"]
+    # an agent's run record
+    tools = list(tools_dispatcher().registry)  # type: ignore[attr-defined]
+    agent = Agent(FakeModel([[{"id": "a", "name": "echo", "arguments": {"text": "x"}}], "done"]),
+                  tools=tools, settings=settings)
+    try:
+        assert agent.run_sync("go").output == "done"
+    finally:
+        agent.close()
+
     client = redis.Redis.from_url(fleet_url())
     without_ttl = [k.decode() for k in client.scan_iter("*") if client.ttl(k) == -1]
-    # kombu's exchange bindings are a fixed handful; everything per call must expire
+    # kombu's exchange bindings are a fixed handful; everything per call, run, approval and cache
+    # entry must expire
     leftovers = [k for k in without_ttl if not k.startswith("_kombu.binding") and not k.startswith("test:")]
     assert leftovers == []
+    assert any(k.startswith(b"crg:cache:") for k in client.scan_iter("crg:*")), "the cache wrote nothing"
