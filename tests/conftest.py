@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -70,6 +70,7 @@ def start_worker(
     tools: str = "tests.fleet_tools",
     lease_secs: float = 2.0,
     extra_env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
     wait: bool = True,
 ) -> WorkerProcess:
     name = f"w{uuid.uuid4().hex[:6]}@test"
@@ -86,6 +87,7 @@ def start_worker(
             "-c", str(concurrency), "-n", name, "-l", "INFO"]
     if queues:
         argv += ["--queues", queues]
+    argv += extra_args
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -193,3 +195,18 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server.start()
     yield server
     server.stop()
+
+
+def key() -> str:
+    """A fresh name for a test's counters and runs, so that tests never see each other's."""
+    return uuid.uuid4().hex
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll until the predicate holds; fail the test, naming what it waited for, after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ._errors import ConfigurationError
 from ._wire import DEFAULT_MAX_STORED_CHARS
+from .tools._content import DEFAULT_MAX_RESULT_CHARS
 
 DEFAULT_TOOL_TIMEOUT_SECS = 60.0
-DEFAULT_MAX_RESULT_CHARS = 100_000
 DEFAULT_RETENTION_SECS = 7 * 24 * 3600
 DEFAULT_MAX_STORED_RESULT_CHARS = DEFAULT_MAX_STORED_CHARS
 DEFAULT_MAX_ARGUMENT_DEPTH = 100

@@ -49,3 +49,13 @@ class Keys:
     def workers(self, queue: str) -> str:
         """Sorted set: worker name → time of its last heartbeat, for one queue."""
         return f"{self.prefix}:workers:{queue}"
+
+    def cancel(self, run_id: str) -> str:
+        """String set when the run was cancelled: no call of it starts, running ones stop."""
+        return f"{self.prefix}:{{{run_id}}}:cancel"
+
+    def limit(self, gate: str, part: str) -> str:
+        """A fleet-wide concurrency gate (``tool:<name>``, ``tenant:<name>``): ``hold`` (sorted set:
+        holder → lease end, ms), ``wait`` (holder → ticket), ``alive`` (waiter → liveness end, ms).
+        One hash tag for every gate, so that one script can take places in several at once."""
+        return f"{self.prefix}:{{limits}}:{gate}:{part}"

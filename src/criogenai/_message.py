@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._keys import TASK_NAME, task_id
+from ._tracing import trace_headers
 from ._wire import ToolTask
 
 
@@ -41,6 +42,7 @@ def send_call(
         queue=queue,
         countdown=countdown,
         producer=producer,
+        headers=trace_headers(payload.run_id),  # the turn's trace context, when it is traced
         retry=True,
         retry_policy={
             "max_retries": 5,

@@ -45,6 +45,20 @@ def timed_out(name: str, timeout_secs: float, duration: float, *, stopped: bool 
     )
 
 
+def stopped_by_cancel(name: str, duration: float) -> Outcome:
+    """A running call stopped because its turn was cancelled."""
+    return Outcome(
+        "cancelled",
+        f"Tool {name!r} was stopped: its turn was cancelled. It may have done part of its work.",
+        duration_secs=duration,
+    )
+
+
+def cancelled_before_start(name: str) -> Outcome:
+    """A call that never ran because its turn was cancelled first."""
+    return Outcome("cancelled", f"Tool {name!r} was not run: its turn was cancelled.")
+
+
 def unexpected(name: str, exc: BaseException, policy: OnToolException, duration: float) -> Outcome:
     """An exception the tool did not mean for the model: shown or hidden as the policy says."""
     details = {

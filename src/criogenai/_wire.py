@@ -26,6 +26,7 @@ ToolStatus = Literal[
     "pending_approval",
     "rejected",
     "blocked",
+    "cancelled",
 ]
 """What happened to a call.
 
@@ -42,6 +43,8 @@ ToolStatus = Literal[
 - ``blocked``: a ``before_tool`` hook blocked the call (``content`` is its message, or names the
   hook that raised) and the tool never ran; or an ``after_tool`` hook raised, and the result was
   withheld from the model (kept in ``artifact["withheld"]``; ``attempts`` says the tool ran).
+- ``cancelled``: the turn was cancelled (``Dispatcher.cancel``); ``attempts`` 0 means the tool never
+  ran, otherwise it was told to stop while running and may have done part of its work.
 """
 
 OnToolException = Literal["return_to_model", "return_generic", "fail"]

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from criogenai.agent._runs import RedisRunStore
 from criogenai.tools import Tool
 from tests import agent_tools, fleet_tools
 from tests.chat_server import chat_server, completion, function_call
-from tests.conftest import ROOT, WorkerProcess, fleet_url, start_worker
+from tests.conftest import ROOT, WorkerProcess, fleet_url, key, start_worker
 
 FLEET_TOOLS = [v for v in vars(fleet_tools).values() if isinstance(v, Tool)]
 ALL_TOOLS = [*FLEET_TOOLS, agent_tools.fail_once, agent_tools.research]
@@ -59,9 +58,6 @@ def make_agent(made: list[Agent], model: Any, tools: list[Tool[..., Any]] = ALL_
     made.append(a)
     return a
 
-
-def key() -> str:
-    return uuid.uuid4().hex
 
 
 def call(cid: str, name: str, **arguments: Any) -> dict[str, Any]:

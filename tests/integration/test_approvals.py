@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -36,11 +35,7 @@ from criogenai import (
 )
 from criogenai.dispatcher._approvals import RedisApprovalStore
 from tests import fleet_tools
-from tests.conftest import ROOT, WorkerProcess, fleet_url, make_dispatcher
-
-
-def key() -> str:
-    return uuid.uuid4().hex
+from tests.conftest import ROOT, WorkerProcess, fleet_url, key, make_dispatcher
 
 
 def approvals() -> Approvals:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
 import redis
@@ -26,7 +25,7 @@ from criogenai._message import send_call
 from criogenai._wire import ToolTask
 from criogenai.worker import create_app
 from tests import fleet_tools
-from tests.conftest import ROOT, fleet_url, make_dispatcher
+from tests.conftest import ROOT, fleet_url, key, make_dispatcher, wait_for
 
 pytestmark = pytest.mark.fault
 
@@ -36,17 +35,6 @@ def _clean_fleet_db(redis_up: None) -> None:
     redis.Redis.from_url(fleet_url()).flushdb()
 
 
-def key() -> str:
-    return uuid.uuid4().hex
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])

@@ -18,8 +18,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from criogenai._signing import sign
 from criogenai._wire import ToolTask
 from criogenai.worker import create_app
 from tests import fleet_tools, security_tools
-from tests.conftest import ROOT, OwnRedis, WorkerProcess, fleet_url, start_worker
+from tests.conftest import ROOT, OwnRedis, WorkerProcess, fleet_url, key, start_worker, wait_for
 
 SECRET = "signing-secret-for-tests-0123456789"
 TOOLS = "tests.fleet_tools,tests.security_tools"
@@ -43,21 +42,10 @@ CAPTURE = "crg-test-capture"
 KEYS = Keys("crg")
 
 
-def key() -> str:
-    return uuid.uuid4().hex
-
 
 def db() -> redis.Redis:
     return redis.Redis.from_url(fleet_url())
 
-
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def make_dispatcher(secret: str | None = None, **kw: Any) -> Dispatcher:

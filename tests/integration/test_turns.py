@@ -5,17 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 
 import pytest
 
 from criogenai import Dispatcher, Limits, RemoteToolException, Retry, ToolCall, ToolFailed, ToolResult
 from tests import fleet_tools
-from tests.conftest import WorkerProcess, make_dispatcher
-
-
-def key() -> str:
-    return uuid.uuid4().hex
+from tests.conftest import WorkerProcess, key, make_dispatcher
 
 
 @pytest.fixture
@@ -194,6 +189,19 @@ def test_a_call_to_a_queue_with_no_worker_ends_not_started_within_seconds(fleet:
     assert orphan.status == "not_started"
     assert "no worker is serving queue 'nobody-serves-this'" in orphan.content
     assert elapsed < 5
+
+
+def test_closing_the_dispatcher_ends_a_turn_still_waiting_for_its_calls(redis_up: None) -> None:
+    import concurrent.futures
+
+    d = make_dispatcher(limits=Limits(no_worker_secs=600, queue_wait_secs=600))
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        waiting = ex.submit(d.run_turn_sync, [ToolCall(id="o", name="orphan", arguments={})])
+        time.sleep(0.5)
+        d.close()
+        [r] = waiting.result(timeout=15)
+    assert r.status == "lost"
+    assert "dispatcher was closed" in r.content
 
 
 def test_context_carries_the_attempt_number_across_retries(dispatcher: Dispatcher) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 
@@ -18,6 +17,7 @@ from criogenai.dispatcher._engine import Send
 from criogenai.dispatcher._inprocess import InProcessEngine
 from criogenai.tools import ToolRegistry
 from criogenai.worker._ledger import MemoryLedger
+from tests.conftest import key
 
 RUNS: Counter[str] = Counter()
 ATTEMPTS: dict[str, list[int]] = {}
@@ -96,9 +96,6 @@ def on_gpu() -> str:
 
 TOOLS = [flaky, flaky_write, counted, boom, nap, async_nap, grow, big, on_gpu]
 
-
-def key() -> str:
-    return uuid.uuid4().hex
 
 
 @pytest.fixture

@@ -662,7 +662,7 @@ def test_definition_has_name_description_and_parameters() -> None:
         "description": "Send a message to the care team.",
         "parameters": send.schema,
     }
-    assert schedule_visit.definition["parameters"] is schedule_visit.schema
+    assert schedule_visit.definition["parameters"] == schedule_visit.schema
 
 
 def test_definition_is_json_serialisable() -> None:
@@ -801,3 +801,16 @@ def test_a_parameter_name_pydantic_keeps_for_itself_is_refused_at_definition() -
 
     with pytest.raises(TypeError, match="model_config"):
         tool(configure)
+
+
+def test_changing_the_schema_a_tool_shows_does_not_change_what_it_accepts() -> None:
+    @tool
+    def shout(text: str) -> str:
+        """Shout."""
+        return text.upper()
+
+    shown = shout.schema
+    shown["properties"]["text"]["type"] = "integer"
+    shown["required"] = []
+    assert shout.schema["properties"]["text"] == {"type": "string"}
+    assert shout.validate({}).__class__.__name__ == "InvalidArguments"

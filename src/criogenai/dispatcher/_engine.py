@@ -182,7 +182,17 @@ class Engine:
             self._not_sent(run_id, turn, sends, exc)
 
     def _not_sent(self, run_id: str, turn: _Turn, sends: list[Send], exc: Exception) -> None:
+        """End calls whose publish failed. A failed round trip may still have delivered some: each
+        call is first made unclaimable; one a worker already started stays pending, watched as usual."""
         for s in sends:
+            key = (run_id, s.payload.call.id)
+            try:
+                started = not self.ledger.abandon(run_id, key[1], self.limits.queue_wait_secs + 60)
+                with self._lock:
+                    if started and key in self._pending:
+                        continue
+            except Exception:  # Redis unreachable: what did not reach it cannot run either
+                log.warning("could not mark call %s/%s unsent", run_id, s.payload.call.id, exc_info=True)
             result = _ended(
                 run_id,
                 s.payload,
@@ -231,6 +241,9 @@ class Engine:
         if why == "cancelled":
             status: ToolStatus = "cancelled"
             text = cancelled_before_start(name).content
+        elif why == "closed":
+            status = "not_started"
+            text = f"Tool {name!r} was not started: its dispatcher was closed first."
         else:
             status = "not_started"
             behind = (
@@ -455,7 +468,21 @@ class Engine:
         self._publisher.submit(self._send, [p.send])
 
     def close(self) -> None:
+        """Stop; every call still in flight ends now (``lost``: it may still run and be filed under
+        its run, where re-dispatching the turn finds it), so that no waiting turn hangs."""
         self._closed.set()
-        self._admission.close()
+        unsent = self._admission.close()
         self._publisher.shutdown(wait=True)
         self._gatherer.join(timeout=5)
+        for run_id, turn, s in unsent:
+            self._refuse(run_id, turn, s, "closed")
+        with self._lock:
+            left = list(self._pending.items())
+        for (run_id, _), p in left:
+            self._give_up(
+                run_id,
+                p.send.payload,
+                "lost",
+                f"Tool {p.send.payload.call.name!r} did not report back: its dispatcher was closed "
+                "while the call was in flight. It may still run.",
+            )

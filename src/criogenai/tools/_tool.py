@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
@@ -100,13 +101,14 @@ class Tool(Generic[P, R]):
 
     @property
     def schema(self) -> dict[str, Any]:
-        """The JSON Schema of the arguments, exactly as the model sees it."""
-        return self._parameters
+        """The JSON Schema of the arguments, exactly as the model sees it (a copy: changing it
+        changes nothing the tool validates against)."""
+        return copy.deepcopy(self._parameters)
 
     @property
     def definition(self) -> dict[str, Any]:
         """The tool in the shape model APIs take: name, description and parameters."""
-        return {"name": self.name, "description": self.description, "parameters": self._parameters}
+        return {"name": self.name, "description": self.description, "parameters": self.schema}
 
     @property
     def retryable(self) -> bool:
@@ -116,7 +118,8 @@ class Tool(Generic[P, R]):
     @property
     def schema_hash(self) -> str:
         """A short hash of the definition, to tell two versions of a tool apart."""
-        text = json.dumps(self.definition, sort_keys=True, separators=(",", ":"))
+        definition = {"name": self.name, "description": self.description, "parameters": self._parameters}
+        text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def validate(self, arguments: object) -> ValidArguments | InvalidArguments:

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import ctypes
 import logging
+import queue
 import signal
 import threading
 import time
@@ -112,17 +113,56 @@ class _LoopThread:
         cls._instance = None
 
 
-_sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
+class _ToolThreads:
+    """Daemon threads that run sync tools, reused while idle.
+
+    Not ``concurrent.futures.ThreadPoolExecutor``: Python joins its threads at exit, so a tool
+    abandoned past its time limit (or cancelled) would keep the worker from shutting down until
+    the tool returned, if ever.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                threading.Thread(target=self._serve, name="criogenai-tool", daemon=True).start()
+        self._jobs.put((future, fn))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                future, fn = self._jobs.get()
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:  # the caller's to judge, _TimedOut included
+                        future.set_exception(exc)
+                del future, fn
+                with self._lock:
+                    self._idle += 1
+            except (_TimedOut, _Cancelled):  # a stop that arrived just after its tool returned
+                continue
+
+
+_sync_pool: _ToolThreads | None = None
 _sync_pool_lock = threading.Lock()
 
 
-def _thread_pool() -> concurrent.futures.ThreadPoolExecutor:
+def _thread_pool() -> _ToolThreads:
     global _sync_pool
     with _sync_pool_lock:
         if _sync_pool is None:
-            _sync_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=256, thread_name_prefix="criogenai-tool"
-            )
+            _sync_pool = _ToolThreads()
         return _sync_pool
 
 

@@ -1,7 +1,8 @@
 """Keeps the claims of the calls running in this process alive, and this worker visible.
 
 A claim's lease runs out unless renewed; if its process dies, renewal stops and the call can be
-run again elsewhere within one lease. One daemon thread per process renews every claim it holds.
+run again elsewhere within one lease. One daemon thread per process renews every claim it holds,
+and in the same round trip learns whether a call's turn was cancelled, then tells the call to stop.
 """
 
 from __future__ import annotations
@@ -21,13 +22,19 @@ class LeaseKeeper:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
         self._held: dict[tuple[str, str], str] = {}
+        self._on_cancel: dict[tuple[str, str], Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
 
-    def hold(self, run_id: str, call_id: str, token: str) -> None:
+    def hold(
+        self, run_id: str, call_id: str, token: str, on_cancel: Callable[[], None] | None = None
+    ) -> None:
+        """Renew the call's claim until ``drop``; ``on_cancel`` is called once if its turn is cancelled."""
         with self._lock:
             self._held[(run_id, call_id)] = token
+            if on_cancel is not None:
+                self._on_cancel[(run_id, call_id)] = on_cancel
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="criogenai-leases", daemon=True)
                 self._thread.start()
@@ -35,9 +42,11 @@ class LeaseKeeper:
     def drop(self, run_id: str, call_id: str) -> None:
         with self._lock:
             self._held.pop((run_id, call_id), None)
+            self._on_cancel.pop((run_id, call_id), None)
 
     def reset_after_fork(self) -> None:
         self._held.clear()
+        self._on_cancel.clear()
         self._thread = None
         self._lock = threading.Lock()
 
@@ -47,9 +56,28 @@ class LeaseKeeper:
             with self._lock:
                 held = [(run, call, token) for (run, call), token in self._held.items()]
             try:
-                self._ledger.renew(held)
+                renewal = self._ledger.renew(held)
             except Exception:  # Redis away for a moment: the next round tries again
                 log.warning("could not renew %d claim(s)", len(held), exc_info=True)
+                continue
+            for key in renewal.lost:
+                with self._lock:
+                    still_running = self._held.pop(key, None) is not None  # else it just finished
+                if still_running:
+                    log.warning(
+                        "call %s/%s lost its claim (its lease ran out or Redis restarted): it may "
+                        "be run again elsewhere while it runs here",
+                        *key,
+                    )
+            for key in renewal.cancelled:
+                with self._lock:
+                    stop = self._on_cancel.pop(key, None)
+                if stop is not None:
+                    log.info("call %s/%s: its turn was cancelled; stopping it", *key)
+                    try:
+                        stop()
+                    except Exception:
+                        log.warning("could not stop call %s/%s", *key, exc_info=True)
 
 
 BeatHook = Callable[[str, list[str], bool], None]

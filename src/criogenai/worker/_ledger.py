@@ -42,6 +42,17 @@ class Progress:
     starts: int
 
 
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """What one round of lease renewal learned: (run, call) pairs."""
+
+    cancelled: list[tuple[str, str]]
+    """Their run was cancelled: stop them."""
+    lost: list[tuple[str, str]]
+    """Their claim is no longer this holder's (it ran out, or the store restarted): the call may be
+    run again elsewhere while it still runs here."""
+
+
 class Ledger(Protocol):
     lease_secs: float
     stores_celery_results: bool
@@ -51,8 +62,8 @@ class Ledger(Protocol):
         started and its ``deadline`` (Unix time) has passed."""
         ...
 
-    def renew(self, claims: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
-        """Extend the leases of running calls; returns the (run, call) whose run was cancelled."""
+    def renew(self, claims: list[tuple[str, str, str]]) -> Renewal:
+        """Extend the leases of running calls; say which were cancelled and which leases were lost."""
         ...
 
     def cancel(self, run_id: str) -> None:
@@ -236,9 +247,9 @@ class RedisLedger:
         )
         return _CLAIM_CODES.get(n) or Claim("claimed", n)
 
-    def renew(self, claims: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    def renew(self, claims: list[tuple[str, str, str]]) -> Renewal:
         if not claims:
-            return []
+            return Renewal([], [])
         pipe = self.client.pipeline(transaction=False)
         for run_id, call_id, token in claims:
             self._renew(
@@ -246,8 +257,13 @@ class RedisLedger:
                 args=[token, int(self.lease_secs * 1000)],
                 client=pipe,
             )
-        answers = pipe.execute()
-        return [(run, call) for (run, call, _), n in zip(claims, answers, strict=True) if int(n) == -1]
+        out = Renewal([], [])
+        for (run, call, _), n in zip(claims, pipe.execute(), strict=True):
+            if int(n) == -1:
+                out.cancelled.append((run, call))
+            elif int(n) == 0:
+                out.lost.append((run, call))
+        return out
 
     def cancel(self, run_id: str) -> None:
         self.client.set(self.keys.cancel(run_id), "1", ex=self.retention_secs)
@@ -416,15 +432,20 @@ class MemoryLedger:
             self._starts[key] += 1
             return Claim("claimed", self._starts[key])
 
-    def renew(self, claims: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    def renew(self, claims: list[tuple[str, str, str]]) -> Renewal:
+        out = Renewal([], [])
         with self._lock:
             for run_id, call_id, token in claims:
+                if run_id in self._cancelled:
+                    out.cancelled.append((run_id, call_id))
                 if self._held((run_id, call_id)) == "run:" + token:
                     self._claims[(run_id, call_id)] = (
                         "run:" + token,
                         time.monotonic() + self.lease_secs,
                     )
-            return [(run, call) for run, call, _ in claims if run in self._cancelled]
+                elif run_id not in self._cancelled:
+                    out.lost.append((run_id, call_id))
+        return out
 
     def cancel(self, run_id: str) -> None:
         with self._lock:

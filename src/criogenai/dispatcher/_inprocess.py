@@ -1,0 +1,311 @@
+"""The embedded engine: runs a turn's calls in this process, without Celery or a broker.
+
+It has the fleet engine's interface (``submit``, ``ledger``, ``reply_to``, ``close``) and runs each
+call as a worker does, step for step: the signature check, the ledger's claim (a finished call
+never runs again), ``_executor.execute`` (time limit, sync or async, ToolError, cut, exception
+policy), retries with backoff for read-only and idempotent tools, and the result filed under its
+run. Calls run on a pool of slot threads (a sync tool on the executor's thread, an async one on its
+event loop); one more thread renews claims, starts retries when due, and gives up on calls past
+their bound, so that every call ends with a result.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .._config import Limits
+from .._message import hard_limit_secs
+from .._outcomes import Outcome
+from .._signing import refusal
+from .._wire import ToolResult, ToolStatus, ToolTask
+from ..tools import ToolContext, ToolRegistry
+from ..worker._executor import execute
+from ..worker._ledger import Ledger
+from ..worker._task import filed_result, refused_result, retry_delay, too_many_runs, unknown_tool_result
+from ._engine import Send
+
+log = logging.getLogger(__name__)
+
+SLOTS = 64
+"""Calls running at once in one engine; more wait their turn, within ``queue_wait_secs``."""
+WATCH_SECS = 1.0
+"""How often the watch thread looks for calls past their bound (and renews claims)."""
+BUSY_RECHECK_SECS = 0.25
+"""How soon a call held by another run of the same turn is looked at again."""
+
+
+@dataclass
+class _Turn:
+    future: concurrent.futures.Future[dict[str, ToolResult]]
+    waiting: int
+    results: dict[str, ToolResult] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Call:
+    send: Send
+    turn: _Turn
+    final_deadline: float
+    """Monotonic time past which the call is given up as ``lost`` (a worker's bound, plus slack)."""
+
+
+def _budget_secs(p: ToolTask, limits: Limits) -> float:
+    """The longest a call may take from submit to result: the wait for a slot and every attempt."""
+    per_attempt = hard_limit_secs(p.timeout_secs) + p.max_backoff_secs
+    return limits.queue_wait_secs + p.max_attempts * per_attempt + 10
+
+
+def _ended(payload: ToolTask, status: ToolStatus, text: str) -> ToolResult:
+    call = payload.call
+    return ToolResult(call_id=call.id, name=call.name, run_id=payload.run_id, status=status, content=text)
+
+
+class InProcessEngine:
+    """Runs calls on this process's threads with the worker's rules; see the module's docstring."""
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        ledger: Ledger,
+        limits: Limits,
+        *,
+        prefix: str = "crg",
+        signing_secret: str | None = None,
+    ) -> None:
+        self.registry = registry
+        self.ledger = ledger
+        self.limits = limits
+        self.signing_secret = signing_secret
+        """With a secret, only calls signed with it run, as on a worker; without, signatures are ignored."""
+        self.reply_to = f"{prefix}:reply:embedded-{uuid.uuid4().hex}"
+        """Carried in each call's task, as the fleet's; results come back directly, not through it."""
+        self.token = f"embedded:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._slots = concurrent.futures.ThreadPoolExecutor(SLOTS, thread_name_prefix="criogenai-call")
+        self._lock = threading.Condition()
+        self._calls: set[_Call] = set()
+        """Calls submitted and not answered yet (the watch gives up on them past their bound)."""
+        self._held: dict[tuple[str, str], str] = {}
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._closed = False
+        self._watcher = threading.Thread(target=self._watch_loop, name="criogenai-embedded", daemon=True)
+        self._watcher.start()
+
+    # -- submitting -------------------------------------------------------------------------------
+
+    def submit(
+        self, run_id: str, sends: list[Send], *, check_finished: bool
+    ) -> concurrent.futures.Future[dict[str, ToolResult]]:
+        """Run a turn's calls; the future gives every call's result, by call id."""
+        turn = _Turn(concurrent.futures.Future(), len(sends))
+        if check_finished and sends:
+            for result in self.ledger.prepare(run_id, [s.payload.call.id for s in sends]).values():
+                self._settle(turn, result)
+            sends = [s for s in sends if s.payload.call.id not in turn.results]
+        if not sends:
+            if not turn.future.done():
+                turn.future.set_result(turn.results)
+            return turn.future
+        now = time.monotonic()
+        calls = [_Call(s, turn, now + _budget_secs(s.payload, self.limits)) for s in sends]
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the dispatcher is closed")
+            self._calls.update(calls)
+        for c in calls:
+            self._start(c)
+        return turn.future
+
+    def _start(self, c: _Call) -> None:
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: close() answers for the call
+            self._slots.submit(self._run, c)
+
+    # -- one call, as a worker runs it ------------------------------------------------------------
+
+    def _run(self, c: _Call) -> None:
+        payload = c.send.payload
+        try:
+            result = self._attempt(c)
+        except Exception as exc:
+            log.exception("call %s/%s: the embedded engine failed", payload.run_id, payload.call.id)
+            result = _ended(
+                payload,
+                "lost",
+                f"Tool {payload.call.name!r} gave no result: the embedded engine failed "
+                f"({type(exc).__name__}); the call may or may not have run.",
+            )
+        if result is not None:
+            self._answer(c, result)
+
+    def _attempt(self, c: _Call) -> ToolResult | None:
+        """One delivery of the call: its result, or None when it runs again later (a retry)."""
+        payload = c.send.payload
+        call, run_id = payload.call, payload.run_id
+        why = refusal(payload, self.signing_secret)
+        if why is not None:
+            log.error("refused call %s/%s (tool %r): %s; nothing ran", run_id, call.id, call.name, why)
+            result = refused_result(payload, why)
+            self.ledger.finish(result, run_id, "refused", None, done=False)
+            return result
+        tool = self.registry.get(call.name)
+        if tool is None:
+            result = unknown_tool_result(payload, self.registry)
+            self.ledger.finish(result, run_id, "refused", None, done=True)
+            return result
+        claim = self.ledger.claim(run_id, call.id, self.token, payload.deadline)
+        if claim.kind != "claimed":
+            return self._not_claimed(c, claim.kind)
+        attempt = claim.attempt
+        lost = too_many_runs(payload, attempt)
+        if lost is not None:
+            return self._file(payload, lost, attempt)
+        # The tool gets its own copy of the arguments, as decoded from a message on a worker.
+        arguments = json.loads(json.dumps(call.arguments))
+        ctx = ToolContext(call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt)
+        with self._lock:
+            self._held[(run_id, call.id)] = self.token
+        try:
+            outcome = execute(
+                tool,
+                arguments,
+                ctx,
+                timeout_secs=payload.timeout_secs,
+                on_tool_exception=payload.on_tool_exception,
+                max_result_chars=payload.max_result_chars,
+                max_stored_chars=payload.max_stored_chars,
+            )
+        finally:
+            with self._lock:
+                self._held.pop((run_id, call.id), None)
+        log.info(
+            "call %s/%s tool=%s attempt=%d status=%s duration=%.3fs",
+            run_id, call.id, call.name, attempt, outcome.status, outcome.duration_secs,
+        )
+        delay = retry_delay(payload, outcome, attempt)
+        if delay is not None:
+            self.ledger.await_retry(run_id, call.id, self.token, delay)
+            self._later(delay, c)
+            return None
+        return self._file(payload, outcome, attempt)
+
+    def _not_claimed(self, c: _Call, kind: str) -> ToolResult | None:
+        payload = c.send.payload
+        call, run_id = payload.call, payload.run_id
+        if kind == "done":
+            found = self.ledger.finished(run_id, [call.id]).get(call.id)
+            if found is not None:
+                return found
+        if kind == "busy":  # another run of this turn holds it: its result will be filed
+            self._later(BUSY_RECHECK_SECS, c)
+            return None
+        log.warning("call %s/%s not run: %s", run_id, call.id, kind)
+        return _ended(
+            payload,
+            "not_started",
+            f"Tool {call.name!r} was not started: no worker was free within "
+            f"{self.limits.queue_wait_secs:g} s. It will not run later.",
+        )
+
+    def _file(self, payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
+        """File the result under its run; a result filed first (by another run) wins."""
+        result, done = filed_result(payload, outcome, attempts)
+        if self.ledger.finish(result, payload.run_id, self.token, None, done=done):
+            return result
+        return self.ledger.finished(payload.run_id, [payload.call.id]).get(payload.call.id, result)
+
+    def _answer(self, c: _Call, result: ToolResult) -> None:
+        with self._lock:
+            self._calls.discard(c)
+        self._settle(c.turn, result)
+
+    def _settle(self, turn: _Turn, result: ToolResult) -> None:
+        with turn.lock:
+            if result.call_id in turn.results:
+                return
+            turn.results[result.call_id] = result
+            turn.waiting -= 1
+            last = turn.waiting == 0
+        if last and not turn.future.done():
+            turn.future.set_result(turn.results)
+
+    # -- the watch thread: timers, leases, bounds -------------------------------------------------
+
+    def _later(self, delay: float, c: _Call) -> None:
+        with self._lock:
+            when = time.monotonic() + delay
+            heapq.heappush(self._timers, (when, next(self._order), lambda: self._start(c)))
+            self._lock.notify()
+
+    def _watch_loop(self) -> None:
+        next_watch = time.monotonic() + WATCH_SECS
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                wake = min(next_watch, self._timers[0][0]) if self._timers else next_watch
+                if not self._closed and wake > now:
+                    self._lock.wait(wake - now)
+                if self._closed:
+                    return
+                now = time.monotonic()
+                due = []
+                while self._timers and self._timers[0][0] <= now:
+                    due.append(heapq.heappop(self._timers)[2])
+            for start in due:
+                start()
+            if now >= next_watch:
+                next_watch = now + WATCH_SECS
+                try:
+                    self._watch(now)
+                except Exception:
+                    log.warning("cannot check calls in flight; trying again", exc_info=True)
+
+    def _watch(self, now: float) -> None:
+        with self._lock:
+            held = [(run, call, token) for (run, call), token in self._held.items()]
+            overdue = [c for c in self._calls if now > c.final_deadline]
+        if held:
+            self.ledger.renew(held)
+        for c in overdue:
+            payload = c.send.payload
+            self.ledger.abandon(payload.run_id, payload.call.id, self.limits.queue_wait_secs)
+            self._answer(
+                c,
+                _ended(
+                    payload,
+                    "lost",
+                    f"Tool {payload.call.name!r} gave no result in time; the call may or may not have run.",
+                ),
+            )
+
+    def close(self) -> None:
+        """Stop the watch thread; calls still in flight end ``lost`` (they may finish unobserved)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+            left = list(self._calls)
+            self._timers.clear()
+        self._slots.shutdown(wait=False, cancel_futures=True)
+        self._watcher.join(timeout=5)
+        for c in left:
+            payload = c.send.payload
+            self._answer(
+                c,
+                _ended(
+                    payload,
+                    "lost",
+                    f"Tool {payload.call.name!r} gave no result: its dispatcher was closed while the "
+                    "call was in flight; the call may or may not have run.",
+                ),
+            )
