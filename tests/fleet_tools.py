@@ -176,10 +176,16 @@ def started_order(key: str) -> list[str]:
     return [t.decode() for t in ledger().lrange(f"test:order:{key}", 0, -1)]  # type: ignore[union-attr]
 
 
+def start_times(key: str) -> list[float]:
+    """When each run under key started (time.time(), sorted); every worker of a test is on this host."""
+    return sorted(float(t) for t in ledger().lrange(f"test:at:{key}", 0, -1))  # type: ignore[union-attr]
+
+
 def _gauge(key: str, seconds: float, tag: str) -> int:
     _count(key)
     client = ledger()
     client.rpush(f"test:order:{key}", tag)
+    client.rpush(f"test:at:{key}", repr(time.time()))
     client.eval(_ENTER, 2, f"test:live:{key}", f"test:peak:{key}")
     try:
         time.sleep(seconds)

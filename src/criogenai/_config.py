@@ -48,6 +48,17 @@ def backoff_secs(
     return max(0.0, base * factor)
 
 
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``"10/s"`` → (10, 1.0): calls, per window in seconds. Raises ValueError on anything else."""
+    count, _, unit = text.strip().partition("/")
+    if not count.strip().isdigit() or int(count) < 1 or unit.strip() not in _RATE_UNITS:
+        raise ValueError(f"a rate is calls per second, minute or hour, like '10/s' or '100/m'; not {text!r}")
+    return int(count), _RATE_UNITS[unit.strip()]
+
+
 class Limits(_Value):
     """Bounds on a turn. ``limits={"tool_timeout_secs": 20}`` works wherever Limits does."""
 
@@ -73,6 +84,27 @@ class Limits(_Value):
     tenant_concurrency: int | dict[str, int] | None = None
     """Calls of one tenant (``run_turn(..., tenant=...)``) in flight at once across the fleet: one
     number for every tenant, or tenant → number (``"*"``: every other tenant)."""
+
+    tool_rate: dict[str, str] = Field(default_factory=dict)
+    """Tool name → how many of its calls may start per second, minute or hour across the fleet
+    (``"10/s"``, ``"100/m"``, ``"1000/h"``, as Celery writes rates). Calls over it wait in order."""
+    tenant_rate: str | dict[str, str] | None = None
+    """The same for one tenant's calls: one rate for every tenant, or tenant → rate (``"*"``: every
+    other tenant)."""
+
+    @field_validator("tool_rate", "tenant_rate")
+    @classmethod
+    def _rates(cls, value: Any) -> Any:
+        for text in value.values() if isinstance(value, dict) else [] if value is None else [value]:
+            parse_rate(text)
+        return value
+
+    def tenant_rate_of(self, tenant: str | None) -> str | None:
+        """This tenant's fleet-wide rate of call starts, if any."""
+        rate = self.tenant_rate
+        if tenant is None or rate is None:
+            return None
+        return rate if isinstance(rate, str) else rate.get(tenant, rate.get("*"))
 
     @field_validator("tool_concurrency", "tenant_concurrency")
     @classmethod

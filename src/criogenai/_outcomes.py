@@ -59,6 +59,25 @@ def cancelled_before_start(name: str) -> Outcome:
     return Outcome("cancelled", f"Tool {name!r} was not run: its turn was cancelled.")
 
 
+def not_admitted(name: str, why: str, waited_secs: float) -> Outcome:
+    """A call admission never published: its turn was cancelled (``cancelled``), its dispatcher
+    closed (``closed``), or its wait behind the turn's cap (``turn``) or a fleet limit ran out."""
+    if why == "cancelled":
+        return cancelled_before_start(name)
+    if why == "closed":
+        return Outcome("not_started", f"Tool {name!r} was not started: its dispatcher was closed first.")
+    behind = (
+        "the turn's earlier calls (max_calls_in_flight_per_turn)"
+        if why == "turn"
+        else "a fleet-wide concurrency or rate limit"
+    )
+    return Outcome(
+        "not_started",
+        f"Tool {name!r} was not started: it waited behind {behind} for {waited_secs:g} s. "
+        "It will not run later.",
+    )
+
+
 def unexpected(name: str, exc: BaseException, policy: OnToolException, duration: float) -> Outcome:
     """An exception the tool did not mean for the model: shown or hidden as the policy says."""
     details = {

@@ -107,7 +107,7 @@ def test_a_call_that_cannot_get_a_place_in_time_ends_not_started(worker_factory)
         results = d.run_turn_sync(gauges(k, 3, 2.5))
         elapsed = time.monotonic() - started
     assert [r.status for r in results] == ["ok", "not_started", "not_started"], results
-    assert "concurrency limit" in results[1].content
+    assert "concurrency or rate limit" in results[1].content
     assert fleet_tools.runs(k) == 1
     assert elapsed < 10
 
@@ -136,6 +136,29 @@ def test_a_dead_dispatchers_places_come_back(worker_factory) -> None:
         [r] = d.run_turn_sync(gauges(k2, 1, 0.1))
     assert r.status == "ok"
     assert time.monotonic() - started < 15
+
+
+def test_a_per_tool_rate_limit_holds_across_two_dispatchers(worker_factory) -> None:
+    worker_factory(pool="threads", concurrency=8)
+    k = key()
+    limits = Limits(tool_rate={"gauge": "4/s"})
+    calls = gauges(k, 12, 0.05)
+    with (
+        make_dispatcher(limits=limits) as d1,
+        make_dispatcher(limits=limits) as d2,
+        concurrent.futures.ThreadPoolExecutor(2) as ex,
+    ):
+        started = time.monotonic()
+        halves = [ex.submit(d.run_turn_sync, part) for d, part in ((d1, calls[:6]), (d2, calls[6:]))]
+        results = [r for h in halves for r in h.result(timeout=60)]
+        elapsed = time.monotonic() - started
+    assert [r.status for r in results] == ["ok"] * 12, results
+    at = fleet_tools.start_times(k)
+    assert len(at) == 12
+    # 4 starts per second at most: any 5 consecutive starts span about a second or more (start
+    # latency after admission moves a start by a few tens of milliseconds)
+    assert min(at[i + 4] - at[i] for i in range(len(at) - 4)) > 0.75, at
+    assert elapsed >= 1.9, elapsed
 
 
 # -- cancelling -------------------------------------------------------------------------------------

@@ -229,3 +229,70 @@ def test_closing_the_dispatcher_answers_a_call_in_flight() -> None:
     d.close()
     runner.join(timeout=5)
     assert out == ["lost"]
+
+
+def test_a_rate_limit_spaces_a_turns_calls_in_the_embedded_engine() -> None:
+    from criogenai import Limits
+
+    with Dispatcher(TOOLS, settings=Settings(), limits=Limits(tool_rate={"nap": "3/s"})) as d:
+        started = time.monotonic()
+        results = d.run_turn_sync([ToolCall(id=f"c{i}", name="nap", arguments={"seconds": 0})
+                                   for i in range(6)])
+        elapsed = time.monotonic() - started
+    assert [r.status for r in results] == ["ok"] * 6
+    assert elapsed >= 0.95, elapsed  # the second three waited for the first second's window
+
+
+@pytest.mark.parametrize("rate", ["10", "0/s", "ten/s", "5/d", "-1/m", ""])
+def test_a_malformed_rate_is_refused_with_the_expected_format(rate: str) -> None:
+    from criogenai import ConfigurationError, Limits
+
+    with pytest.raises((ConfigurationError, ValueError), match="like '10/s'"):
+        Limits(tool_rate={"nap": rate})
+
+
+def test_cancelling_a_turn_in_the_embedded_engine_stops_running_calls_and_skips_waiting_ones() -> None:
+    from criogenai import Limits
+
+    k = key()
+    limits = Limits(max_calls_in_flight_per_turn=2)
+    calls = [ToolCall(id=f"a{i}", name="async_nap", arguments={"seconds": 30, "key": k}) for i in range(2)]
+    calls += [ToolCall(id=f"c{i}", name="counted", arguments={"key": k}) for i in range(3)]
+    with Dispatcher(TOOLS, settings=Settings(), limits=limits) as d:
+        out: list[list[object]] = []
+        runner = threading.Thread(target=lambda: out.append(d.run_turn_sync(calls, run_id="r-cancel")))
+        runner.start()
+        time.sleep(0.3)
+        cancelled_at = time.monotonic()
+        d.cancel("r-cancel")
+        runner.join(timeout=5)
+        elapsed = time.monotonic() - cancelled_at
+    [results] = out
+    assert [r.status for r in results] == ["cancelled"] * 5  # type: ignore[attr-defined]
+    assert [r.attempts for r in results] == [1, 1, 0, 0, 0]  # type: ignore[attr-defined]
+    assert RUNS[k + ":cancelled"] == 2
+    assert RUNS[k] == 0  # the calls held back by the turn's cap never ran
+    assert elapsed < 2
+
+
+def test_a_concurrency_limit_holds_in_the_embedded_engine() -> None:
+    from criogenai import Limits
+
+    live, peak = [0], [0]
+    lock = threading.Lock()
+
+    @tool
+    def busy() -> int:
+        """Count how many run at once."""
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.1)
+        with lock:
+            live[0] -= 1
+        return 0
+
+    with Dispatcher([busy], settings=Settings(), limits=Limits(tool_concurrency={"busy": 2})) as d:
+        results = d.run_turn_sync([ToolCall(id=f"b{i}", name="busy", arguments={}) for i in range(8)])
+    assert [r.status for r in results] == ["ok"] * 8
+    assert peak == [2]

@@ -17,13 +17,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .._keys import task_id
 from ._limiter import Gate, Limiter
 
 if TYPE_CHECKING:
-    from ._engine import Send, _Turn
+    from ._engine import Send
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +31,23 @@ POLL_SECS = 0.1
 """How often calls waiting at a gate ask again when nothing local wakes them."""
 
 
+T = TypeVar("T")
+"""The engine's own record of a turn, passed back to it untouched."""
+
+
 @dataclass
-class _TurnRoom:
+class _TurnRoom(Generic[T]):
     run_id: str
-    turn: _Turn
+    turn: T
     queued: deque[Send]
     cap: int
     gated: list[Send] = field(default_factory=list)
     in_flight: set[str] = field(default_factory=set)
 
 
-Launch = Callable[[str, "_Turn", list["Send"]], None]
+Launch = Callable[[str, T, list["Send"]], None]
 """Publish calls that were let in (the engine's)."""
-Refuse = Callable[[str, "_Turn", "Send", str], None]
+Refuse = Callable[[str, T, "Send", str], None]
 """End a call that was never published: (run, turn, call, why)."""
 
 
@@ -52,15 +56,15 @@ def member(run_id: str, call_id: str) -> str:
     return task_id(run_id, call_id)
 
 
-class Admission:
+class Admission(Generic[T]):
     """Per-turn caps and fleet-wide gates for one engine, on one daemon thread."""
 
-    def __init__(self, limiter: Limiter, launch: Launch, refuse: Refuse, cap: int) -> None:
+    def __init__(self, limiter: Limiter, launch: Launch[T], refuse: Refuse[T], cap: int) -> None:
         self._limiter = limiter
         self._launch = launch
         self._refuse = refuse
         self.cap = cap
-        self._rooms: dict[str, list[_TurnRoom]] = {}
+        self._rooms: dict[str, list[_TurnRoom[T]]] = {}
         self._held: dict[str, tuple[Gate, ...]] = {}
         self._to_release: list[tuple[tuple[Gate, ...], str]] = []
         self._lock = threading.Lock()
@@ -72,7 +76,7 @@ class Admission:
     def needed(self, sends: Sequence[Send]) -> bool:
         return len(sends) > self.cap or any(s.gates for s in sends)
 
-    def add(self, run_id: str, turn: _Turn, sends: list[Send]) -> None:
+    def add(self, run_id: str, turn: T, sends: list[Send]) -> None:
         with self._lock:
             self._rooms.setdefault(run_id, []).append(_TurnRoom(run_id, turn, deque(sends), self.cap))
         self._wake.set()
@@ -106,9 +110,9 @@ class Admission:
         else:
             self._rooms.pop(run_id, None)
 
-    def withdraw(self, run_id: str) -> list[tuple[_Turn, Send]]:
+    def withdraw(self, run_id: str) -> list[tuple[T, Send]]:
         """Take back every call of the run not published yet (its turn was cancelled)."""
-        out: list[tuple[_Turn, Send]] = []
+        out: list[tuple[T, Send]] = []
         with self._lock:
             for room in self._rooms.get(run_id, []):
                 for s in room.gated:
@@ -121,13 +125,13 @@ class Admission:
         self._wake.set()
         return out
 
-    def close(self) -> list[tuple[str, _Turn, Send]]:
+    def close(self) -> list[tuple[str, T, Send]]:
         """Stop the thread and give back every place and queue spot this engine holds; returns the
         calls it never published, for the engine to end."""
         self._closed.set()
         self._wake.set()
         self._thread.join(timeout=5)
-        unsent: list[tuple[str, _Turn, Send]] = []
+        unsent: list[tuple[str, T, Send]] = []
         with self._lock:
             pending = list(self._to_release)
             pending += [(g, m) for m, g in self._held.items()]
@@ -168,9 +172,9 @@ class Admission:
     def _step(self) -> bool:
         """Move calls forward; True while some wait at a gate."""
         now = time.time()
-        launches: list[tuple[str, _Turn, list[Send]]] = []
-        refusals: list[tuple[str, _Turn, Send, str]] = []
-        groups: dict[tuple[Gate, ...], list[tuple[_TurnRoom, Send]]] = {}
+        launches: list[tuple[str, T, list[Send]]] = []
+        refusals: list[tuple[str, T, Send, str]] = []
+        groups: dict[tuple[Gate, ...], list[tuple[_TurnRoom[T], Send]]] = {}
         with self._lock:
             rooms = [room for rs in self._rooms.values() for room in rs]
         for room in rooms:
@@ -200,10 +204,10 @@ class Admission:
 
     def _sort_out(
         self,
-        room: _TurnRoom,
+        room: _TurnRoom[T],
         now: float,
-        refusals: list[tuple[str, _Turn, Send, str]],
-        groups: dict[tuple[Gate, ...], list[tuple[_TurnRoom, Send]]],
+        refusals: list[tuple[str, T, Send, str]],
+        groups: dict[tuple[Gate, ...], list[tuple[_TurnRoom[T], Send]]],
     ) -> list[Send]:
         """Under the lock: fill the turn's room in call order; returns the calls free to go now,
         adds its calls waiting at gates to ``groups`` and those whose wait ran out to ``refusals``."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from .._config import Limits, Retry, Settings
+from .._config import Limits, Retry, Settings, parse_rate
 from .._errors import ConfigurationError, RemoteToolException, ToolFailed
 from .._message import hard_limit_secs
 from .._signing import sign
@@ -175,11 +175,7 @@ class Dispatcher:
 
         Running the same run id again afterwards ends its unfinished calls ``cancelled`` too.
         """
-        engine = self._start()
-        if isinstance(engine, Engine):
-            engine.cancel(run_id)
-        else:
-            engine.ledger.cancel(run_id)
+        self._start().cancel(run_id)
 
     @property
     def approvals(self) -> Approvals:
@@ -221,10 +217,16 @@ class Dispatcher:
         gates: list[LimitGate] = []
         caps = [n for n in (tool.max_concurrency, self.limits.tool_concurrency.get(tool.name)) if n]
         if caps:
-            gates.append((f"tool:{tool.name}", min(caps)))
+            gates.append(LimitGate(f"tool:{tool.name}", min(caps)))
         tenant_cap = self.limits.tenant_limit(tenant)
         if tenant is not None and tenant_cap:
-            gates.append((f"tenant:{tenant}", tenant_cap))
+            gates.append(LimitGate(f"tenant:{tenant}", tenant_cap))
+        tool_rate = self.limits.tool_rate.get(tool.name)
+        if tool_rate:
+            gates.append(LimitGate(f"rate:tool:{tool.name}", *parse_rate(tool_rate)))
+        tenant_rate = self.limits.tenant_rate_of(tenant)
+        if tenant is not None and tenant_rate:
+            gates.append(LimitGate(f"rate:tenant:{tenant}", *parse_rate(tenant_rate)))
         return tuple(gates)
 
     def _task(self, v: ValidCall, run_id: str, reply_to: str) -> ToolTask:

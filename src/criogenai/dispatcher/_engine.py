@@ -25,7 +25,7 @@ from typing import Any
 from .._config import Limits
 from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs, send_call
-from .._outcomes import cancelled_before_start
+from .._outcomes import cancelled_before_start, not_admitted
 from .._wire import ToolResult, ToolStatus, ToolTask
 from ..worker._ledger import Ledger, RedisLedger
 from ._admission import Admission
@@ -132,7 +132,7 @@ class Engine:
         self._cancel_grace = ledger.lease_secs * 2 / 3 + 2.0
         """A running call told to stop has this long to file its ``cancelled`` result (its
         worker sees the mark at its next lease renewal, every third of a lease)."""
-        self._admission = Admission(
+        self._admission: Admission[_Turn] = Admission(
             limiter or _limiter_for(ledger),
             self._launch,
             self._refuse,
@@ -236,27 +236,10 @@ class Engine:
             self._not_sent(run_id, turn, sends, exc)
 
     def _refuse(self, run_id: str, turn: _Turn, send: Send, why: str) -> None:
-        """End a call admission never published: its turn was cancelled, or its wait ran out."""
-        name = send.payload.call.name
-        if why == "cancelled":
-            status: ToolStatus = "cancelled"
-            text = cancelled_before_start(name).content
-        elif why == "closed":
-            status = "not_started"
-            text = f"Tool {name!r} was not started: its dispatcher was closed first."
-        else:
-            status = "not_started"
-            behind = (
-                "the turn's earlier calls (max_calls_in_flight_per_turn)"
-                if why == "turn"
-                else "a fleet-wide concurrency limit"
-            )
-            text = (
-                f"Tool {name!r} was not started: it waited behind {behind} for "
-                f"{self.limits.queue_wait_secs:g} s. It will not run later."
-            )
+        """End a call admission never published (see ``not_admitted``)."""
+        outcome = not_admitted(send.payload.call.name, why, self.limits.queue_wait_secs)
         with self._lock:
-            self._settle(turn, _ended(run_id, send.payload, status, text))
+            self._settle(turn, _ended(run_id, send.payload, outcome.status, outcome.content))
 
     # -- cancelling -------------------------------------------------------------------------------
 

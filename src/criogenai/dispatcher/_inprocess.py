@@ -26,14 +26,16 @@ from dataclasses import dataclass, field
 
 from .._config import Limits
 from .._message import hard_limit_secs
-from .._outcomes import Outcome
+from .._outcomes import Outcome, cancelled_before_start, not_admitted
 from .._signing import refusal
 from .._wire import ToolResult, ToolStatus, ToolTask
 from ..tools import ToolContext, ToolRegistry
-from ..worker._executor import execute
+from ..worker._executor import CallStop, execute
 from ..worker._ledger import Ledger
 from ..worker._task import filed_result, refused_result, retry_delay, too_many_runs, unknown_tool_result
+from ._admission import Admission
 from ._engine import Send
+from ._limiter import MemoryLimiter
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +98,14 @@ class InProcessEngine:
         self._lock = threading.Condition()
         self._calls: set[_Call] = set()
         """Calls submitted and not answered yet (the watch gives up on them past their bound)."""
-        self._held: dict[tuple[str, str], str] = {}
+        self._held: dict[tuple[str, str], CallStop] = {}
+        """Calls running now, with the way to stop each (their claims are renewed)."""
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._closed = False
+        self._admission: Admission[_Turn] = Admission(
+            MemoryLimiter(ledger.lease_secs), self._launch, self._refuse, limits.max_calls_in_flight_per_turn
+        )
         self._watcher = threading.Thread(target=self._watch_loop, name="criogenai-embedded", daemon=True)
         self._watcher.start()
 
@@ -118,15 +124,35 @@ class InProcessEngine:
             if not turn.future.done():
                 turn.future.set_result(turn.results)
             return turn.future
+        if self._closed:
+            raise RuntimeError("the dispatcher is closed")
+        if self._admission.needed(sends):  # over the turn's cap, or behind a concurrency or rate limit
+            self._admission.add(run_id, turn, sends)
+        else:
+            self._launch(run_id, turn, sends)
+        return turn.future
+
+    def _launch(self, run_id: str, turn: _Turn, sends: list[Send]) -> None:
         now = time.monotonic()
         calls = [_Call(s, turn, now + _budget_secs(s.payload, self.limits)) for s in sends]
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the dispatcher is closed")
             self._calls.update(calls)
         for c in calls:
             self._start(c)
-        return turn.future
+
+    def _refuse(self, run_id: str, turn: _Turn, send: Send, why: str) -> None:
+        outcome = not_admitted(send.payload.call.name, why, self.limits.queue_wait_secs)
+        self._settle(turn, _ended(send.payload, outcome.status, outcome.content))
+
+    def cancel(self, run_id: str) -> None:
+        """Cancel a run: calls not started never run, running ones are told to stop now."""
+        self.ledger.cancel(run_id)
+        for turn, s in self._admission.withdraw(run_id):
+            self._refuse(run_id, turn, s, "cancelled")
+        with self._lock:
+            running = [stop for (run, _), stop in self._held.items() if run == run_id]
+        for stop in running:
+            stop.cancel()
 
     def _start(self, c: _Call) -> None:
         with contextlib.suppress(RuntimeError):  # closed meanwhile: close() answers for the call
@@ -173,9 +199,12 @@ class InProcessEngine:
             return self._file(payload, lost, attempt)
         # The tool gets its own copy of the arguments, as decoded from a message on a worker.
         arguments = json.loads(json.dumps(call.arguments))
-        ctx = ToolContext(call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt)
+        stop = CallStop()
+        ctx = ToolContext(
+            call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt, cancel_event=stop.event
+        )
         with self._lock:
-            self._held[(run_id, call.id)] = self.token
+            self._held[(run_id, call.id)] = stop
         try:
             outcome = execute(
                 tool,
@@ -185,6 +214,7 @@ class InProcessEngine:
                 on_tool_exception=payload.on_tool_exception,
                 max_result_chars=payload.max_result_chars,
                 max_stored_chars=payload.max_stored_chars,
+                stop=stop,
             )
         finally:
             with self._lock:
@@ -210,6 +240,8 @@ class InProcessEngine:
         if kind == "busy":  # another run of this turn holds it: its result will be filed
             self._later(BUSY_RECHECK_SECS, c)
             return None
+        if kind == "cancelled":
+            return _ended(payload, "cancelled", cancelled_before_start(call.name).content)
         log.warning("call %s/%s not run: %s", run_id, call.id, kind)
         return _ended(
             payload,
@@ -229,6 +261,7 @@ class InProcessEngine:
         with self._lock:
             self._calls.discard(c)
         self._settle(c.turn, result)
+        self._admission.done(c.send.payload.run_id, result.call_id)
 
     def _settle(self, turn: _Turn, result: ToolResult) -> None:
         with turn.lock:
@@ -273,10 +306,14 @@ class InProcessEngine:
 
     def _watch(self, now: float) -> None:
         with self._lock:
-            held = [(run, call, token) for (run, call), token in self._held.items()]
+            held = [(run, call, self.token) for run, call in self._held]
             overdue = [c for c in self._calls if now > c.final_deadline]
         if held:
-            self.ledger.renew(held)
+            for key in self.ledger.renew(held).cancelled:  # cancelled through the ledger, not here
+                with self._lock:
+                    stop = self._held.get(key)
+                if stop is not None:
+                    stop.cancel()
         for c in overdue:
             payload = c.send.payload
             self.ledger.abandon(payload.run_id, payload.call.id, self.limits.queue_wait_secs)
@@ -296,6 +333,8 @@ class InProcessEngine:
             self._lock.notify()
             left = list(self._calls)
             self._timers.clear()
+        for run_id, turn, s in self._admission.close():
+            self._refuse(run_id, turn, s, "closed")
         self._slots.shutdown(wait=False, cancel_futures=True)
         self._watcher.join(timeout=5)
         for c in left:

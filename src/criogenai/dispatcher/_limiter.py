@@ -16,14 +16,28 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import redis
 
 from .._keys import Keys
 
-Gate = tuple[str, int]
-"""A gate's name (``tool:<name>``, ``tenant:<name>``) and how many calls it lets in at once."""
+
+class Gate(NamedTuple):
+    """One fleet-wide limit a call takes a place in before it is published."""
+
+    name: str
+    """``tool:<name>``, ``tenant:<name>``; ``rate:tool:<name>``, ``rate:tenant:<name>``."""
+    limit: int
+    window_secs: float = 0.0
+    """0: a concurrency gate, whose place is held while the call is in flight (renewed, given back
+    when it ends). Above 0: a rate gate, whose place is held for this long from the call's start
+    whatever the call does, so that at most ``limit`` calls start in any such window."""
+
+    @property
+    def is_rate(self) -> bool:
+        return self.window_secs > 0
+
 
 WAITER_TTL_SECS = 5.0
 """A waiter its dispatcher stopped asking for (it died) leaves the queue after this long."""
@@ -47,13 +61,22 @@ class Limiter(Protocol):
 
 
 # KEYS: the ticket counter, then hold, wait, alive of each gate.
-# ARGV: lease ms, waiter ttl ms, number of gates, each gate's limit, then the members in order.
+# ARGV: lease ms, waiter ttl ms, number of gates, each gate's limit and hold ms (0: the lease),
+# then the members in order.
 # Returns how many of the members (the first n) now hold a place in every gate.
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease, ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local first = 4 + n
+local first = 4 + 2 * n
+local keep = math.max(lease, ttl)
+local holds = {}
+for g = 0, n - 1 do
+  local h = tonumber(ARGV[5 + 2 * g])
+  if h <= 0 then h = lease end
+  holds[g] = h
+  keep = math.max(keep, h)
+end
 for g = 0, n - 1 do
   local hold, wait, alive = KEYS[2 + 3 * g], KEYS[3 + 3 * g], KEYS[4 + 3 * g]
   redis.call('ZREMRANGEBYSCORE', hold, '-inf', now)
@@ -82,7 +105,7 @@ for i = first, #ARGV do
     local hold, wait = KEYS[2 + 3 * g], KEYS[3 + 3 * g]
     if not redis.call('ZSCORE', hold, m) then
       local rank = redis.call('ZRANK', wait, m)
-      if not rank or rank >= tonumber(ARGV[3 + g + 1]) - redis.call('ZCARD', hold) then
+      if not rank or rank >= tonumber(ARGV[4 + 2 * g]) - redis.call('ZCARD', hold) then
         fits = false
         break
       end
@@ -93,12 +116,11 @@ for i = first, #ARGV do
     local hold, wait, alive = KEYS[2 + 3 * g], KEYS[3 + 3 * g], KEYS[4 + 3 * g]
     redis.call('ZREM', wait, m)
     redis.call('ZREM', alive, m)
-    redis.call('ZADD', hold, now + lease, m)
+    redis.call('ZADD', hold, now + holds[g], m)
   end
   admitted = admitted + 1
 end
-local keep = 2 * math.max(lease, ttl)
-for k = 2, #KEYS do redis.call('PEXPIRE', KEYS[k], keep) end
+for k = 2, #KEYS do redis.call('PEXPIRE', KEYS[k], 2 * keep) end
 redis.call('EXPIRE', KEYS[1], 86400)
 return admitted
 """
@@ -123,8 +145,10 @@ class RedisLimiter:
         self._admit = client.register_script(_ADMIT)
         self._renew = client.register_script(_RENEW)
 
-    def _gate_keys(self, gates: Sequence[Gate]) -> list[str]:
-        return [self._keys.limit(name, part) for name, _ in gates for part in ("hold", "wait", "alive")]
+    def _gate_keys(
+        self, gates: Sequence[Gate], parts: Sequence[str] = ("hold", "wait", "alive"),
+    ) -> list[str]:
+        return [self._keys.limit(g.name, part) for g in gates for part in parts]
 
     def admit(self, gates: Sequence[Gate], members: list[str]) -> int:
         if not members:
@@ -134,7 +158,7 @@ class RedisLimiter:
             int(self.lease_secs * 1000),
             int(WAITER_TTL_SECS * 1000),
             len(gates),
-            *(limit for _, limit in gates),
+            *(x for g in gates for x in (g.limit, int(g.window_secs * 1000))),
             *members,
         ]
         return int(self._admit(keys=keys, args=args))
@@ -143,9 +167,11 @@ class RedisLimiter:
         if not members:
             return
         pipe = self._client.pipeline(transaction=False)
-        for name, _ in gates:
+        for g in gates:
+            if g.is_rate:  # a rate gate's place lasts its window, however long the call runs
+                continue
             self._renew(
-                keys=[self._keys.limit(name, "hold")],
+                keys=[self._keys.limit(g.name, "hold")],
                 args=[int(self.lease_secs * 1000), *members],
                 client=pipe,
             )
@@ -155,8 +181,10 @@ class RedisLimiter:
         if not members:
             return
         pipe = self._client.pipeline(transaction=False)
-        for key in self._gate_keys(gates):
-            pipe.zrem(key, *members)
+        for g in gates:
+            parts = ("wait", "alive") if g.is_rate else ("hold", "wait", "alive")
+            for key in self._gate_keys([g], parts):
+                pipe.zrem(key, *members)
         pipe.execute()
 
 
@@ -173,9 +201,9 @@ class MemoryLimiter:
     def admit(self, gates: Sequence[Gate], members: list[str]) -> int:
         now = time.monotonic()
         with self._lock:
-            for name, _ in gates:
-                hold = self._hold.setdefault(name, {})
-                wait = self._wait.setdefault(name, {})
+            for g in gates:
+                hold = self._hold.setdefault(g.name, {})
+                wait = self._wait.setdefault(g.name, {})
                 for m in [m for m, until in hold.items() if until <= now]:
                     del hold[m]
                 for m in [m for m, (_, alive) in wait.items() if alive <= now]:
@@ -186,15 +214,16 @@ class MemoryLimiter:
             for m in members:
                 if not self._fits(gates, m):
                     break
-                for name, _ in gates:
-                    self._wait[name].pop(m, None)
-                    self._hold[name][m] = now + self.lease_secs
+                for g in gates:
+                    self._wait[g.name].pop(m, None)
+                    self._hold[g.name][m] = now + (g.window_secs if g.is_rate else self.lease_secs)
                 admitted += 1
             return admitted
 
     def _queue(self, gates: Sequence[Gate], m: str, now: float) -> None:
         ticket: int | None = None
-        for name, _ in gates:
+        for g in gates:
+            name = g.name
             if m in self._hold[name]:
                 continue
             old = self._wait[name].get(m)
@@ -206,7 +235,7 @@ class MemoryLimiter:
             self._wait[name][m] = (old[0], now + WAITER_TTL_SECS)
 
     def _fits(self, gates: Sequence[Gate], m: str) -> bool:
-        for name, limit in gates:
+        for name, limit, _ in gates:
             if m in self._hold[name]:
                 continue
             rank = sorted(self._wait[name].values()).index(self._wait[name][m])
@@ -217,15 +246,18 @@ class MemoryLimiter:
     def renew(self, gates: Sequence[Gate], members: list[str]) -> None:
         until = time.monotonic() + self.lease_secs
         with self._lock:
-            for name, _ in gates:
-                hold = self._hold.get(name, {})
+            for g in gates:
+                if g.is_rate:
+                    continue
+                hold = self._hold.get(g.name, {})
                 for m in members:
                     if m in hold:
                         hold[m] = until
 
     def release(self, gates: Sequence[Gate], members: list[str]) -> None:
         with self._lock:
-            for name, _ in gates:
+            for g in gates:
                 for m in members:
-                    self._hold.get(name, {}).pop(m, None)
-                    self._wait.get(name, {}).pop(m, None)
+                    if not g.is_rate:
+                        self._hold.get(g.name, {}).pop(m, None)
+                    self._wait.get(g.name, {}).pop(m, None)
