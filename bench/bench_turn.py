@@ -107,7 +107,7 @@ class Bench:
         self.group, self.plain = group, plain_celery
         self.registry = ToolRegistry.from_modules(["bench.noop_tools"])
         self.dispatcher = Dispatcher(self.registry, settings=Settings(broker_url=URL),
-                                     limits={"max_calls_per_turn": 512})
+                                     limits={"max_calls_per_turn": 512, "max_calls_in_flight_per_turn": 512})
 
     @staticmethod
     def calls(n: int) -> list[Any]:

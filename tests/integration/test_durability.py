@@ -284,3 +284,26 @@ def test_every_key_the_fleet_leaves_behind_expires(worker_factory) -> None:  # t
     leftovers = [k for k in without_ttl if not k.startswith("_kombu.binding") and not k.startswith("test:")]
     assert leftovers == []
     assert any(k.startswith(b"crg:cache:") for k in client.scan_iter("crg:*")), "the cache wrote nothing"
+
+
+def test_filing_a_result_acknowledges_its_message_in_the_same_step(redis_up: None) -> None:
+    """The message leaves kombu's unacknowledged set with the result, atomically: a worker dying
+    between the two can neither lose the result nor get the finished call redelivered."""
+    from criogenai import ToolResult
+    from criogenai.worker._ledger import UNACKED_INDEX_KEY, UNACKED_KEY, RedisLedger
+
+    db = redis.Redis.from_url(fleet_url())
+    db.flushdb()
+
+    def unacked(tag: str) -> tuple[bool, bool]:
+        return db.hexists(UNACKED_KEY, tag), db.zscore(UNACKED_INDEX_KEY, tag) is not None
+
+    for acks, expected in ((True, (False, False)), (False, (True, True))):
+        tag = key()
+        db.hset(UNACKED_KEY, tag, "[]")
+        db.zadd(UNACKED_INDEX_KEY, {tag: time.time()})
+        ledger = RedisLedger(fleet_url(), broker_acks=acks)
+        result = ToolResult(call_id="c", name="echo", run_id=f"r-{tag}", status="ok", content="x")
+        assert ledger.finish(result, result.run_id, None, None, done=True, delivery_tag=tag)
+        assert ledger.finished(result.run_id, ["c"])["c"].content == "x"
+        assert unacked(tag) == expected

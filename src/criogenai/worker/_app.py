@@ -117,6 +117,7 @@ def make_ledger(settings: Settings) -> Ledger:
             lease_secs=settings.lease_secs,
             retention_secs=settings.retention_secs,
             celery_results=settings.redis_url == settings.result_backend,
+            broker_acks=settings.redis_url == settings.broker_url,
         )
     return MemoryLedger(lease_secs=settings.lease_secs)
 

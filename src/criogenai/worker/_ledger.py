@@ -83,7 +83,12 @@ class Ledger(Protocol):
         reply_to: str | None,
         *,
         done: bool,
-    ) -> bool: ...
+        delivery_tag: str | None = None,
+    ) -> bool:
+        """File a call's result under its run (``done``; else as a failure a re-dispatch may run
+        again), drop the claim, notify ``reply_to``. With ``delivery_tag``, also acknowledge the
+        call's broker message in the same round trip (when the broker is this Redis)."""
+        ...
     def release(self, run_id: str, call_id: str) -> None: ...
     def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         """Before (re)dispatching: the calls already finished, and lift earlier give-ups."""
@@ -147,8 +152,15 @@ return 1
 """
 
 # KEYS: results-or-failed hash, results hash, claim, reply list (or a dummy)
-# ARGV: call id, result json, retention secs, token ('' = any holder), reply ttl, has reply
+# ARGV: call id, result json, retention secs, token ('' = any holder), reply ttl, has reply,
+# Celery's result record ('' = none), the message's delivery tag ('' = leave the ack to kombu)
+# KEYS 6 and 7: kombu's unacked hash and index. Acknowledging here spares the worker a round trip
+# per call, and makes "result filed" and "message acknowledged" one atomic step.
 _FINISH = """
+if ARGV[8] ~= '' then
+  redis.call('ZREM', KEYS[7], ARGV[8])
+  redis.call('HDEL', KEYS[6], ARGV[8])
+end
 local held = redis.call('GET', KEYS[3])
 if held and (ARGV[4] == '' or held == 'run:' .. ARGV[4] or held == 'wait:' .. ARGV[4]) then
   redis.call('DEL', KEYS[3])
@@ -169,6 +181,8 @@ return 1
 """
 
 _META = "celery-task-meta-"
+UNACKED_KEY, UNACKED_INDEX_KEY = "unacked", "unacked_index"
+"""kombu's Redis transport keeps unacknowledged messages here (its defaults, which criogenai keeps)."""
 
 
 def _celery_meta(tid: str, result: ToolResult) -> str:
@@ -202,11 +216,14 @@ class RedisLedger:
         lease_secs: float = 10.0,
         retention_secs: int = 7 * 24 * 3600,
         celery_results: bool = False,
+        broker_acks: bool = False,
     ) -> None:
         self.keys = Keys(prefix)
         self.stores_celery_results = celery_results
         """Also write Celery's ``celery-task-meta-<id>`` record in the same step (one round trip
         instead of three), so the worker's task can skip Celery's own result store."""
+        self.broker_acks = broker_acks
+        """The broker is this Redis: ``finish`` may acknowledge the call's message too."""
         self.lease_secs = lease_secs
         self.retention_secs = retention_secs
         common = dict(
@@ -288,14 +305,24 @@ class RedisLedger:
         reply_to: str | None,
         *,
         done: bool,
+        delivery_tag: str | None = None,
     ) -> bool:
         k = self.keys
+        tag = delivery_tag if delivery_tag and self.broker_acks else ""
         target = k.results(run_id) if done else k.failed(run_id)
         reply = reply_to or k.reply("none")
         tid = task_id(run_id, result.call_id)
         return bool(
             self._finish(
-                keys=[target, k.results(run_id), k.claim(run_id, result.call_id), reply, _META + tid],
+                keys=[
+                    target,
+                    k.results(run_id),
+                    k.claim(run_id, result.call_id),
+                    reply,
+                    _META + tid,
+                    UNACKED_KEY,
+                    UNACKED_INDEX_KEY,
+                ],
                 args=[
                     result.call_id,
                     result.model_dump_json(),
@@ -304,6 +331,7 @@ class RedisLedger:
                     REPLY_TTL_SECS,
                     "1" if reply_to else "0",
                     _celery_meta(tid, result) if self.stores_celery_results else "",
+                    tag,
                 ],
             )
         )
@@ -471,6 +499,7 @@ class MemoryLedger:
         reply_to: str | None,
         *,
         done: bool,
+        delivery_tag: str | None = None,
     ) -> bool:
         key = (run_id, result.call_id)
         with self._lock:

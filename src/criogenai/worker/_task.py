@@ -27,6 +27,7 @@ from ..tools import ToolContext, ToolRegistry
 from . import _executor
 from ._leases import BeatHook, Heartbeat, LeaseKeeper
 from ._ledger import Ledger
+from ._transport import acked_with_result
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +169,14 @@ class WorkerRuntime:
             # Its turn was cancelled before this run could start (a first run or a retry).
             log.info("call %s/%s not run: its turn was cancelled", run_id, call.id)
             starts = self.ledger.progress(run_id, [call.id])[call.id].starts
-            return self._finish(payload, cancelled_before_start(call.name), starts)
+            return self._finish(payload, cancelled_before_start(call.name), starts, task)
         if claim.kind != "claimed":
             log.info("call %s/%s not run: %s", run_id, call.id, claim.kind)
             raise Ignore()
         attempt = claim.attempt
         lost = too_many_runs(payload, attempt)
         if lost is not None:
-            return self._finish(payload, lost, attempt)
+            return self._finish(payload, lost, attempt, task)
 
         stop = _executor.CallStop()
         ctx = ToolContext(
@@ -211,7 +212,7 @@ class WorkerRuntime:
         if delay is not None:
             self.ledger.await_retry(run_id, call.id, self.token, delay)
             raise task.retry(countdown=delay, max_retries=None)
-        return self._finish(payload, outcome, attempt)
+        return self._finish(payload, outcome, attempt, task)
 
     def _refusal(self, task: Task, payload: ToolTask) -> str | None:
         """Why this message must not run, before any claim or code: its signature, or Celery
@@ -244,9 +245,15 @@ class WorkerRuntime:
         self.ledger.finish(result, payload.run_id, "refused", payload.reply_to, done=False)
         raise Reject(f"refused: {why}", requeue=False)
 
-    def _finish(self, payload: ToolTask, outcome: Outcome, attempts: int) -> dict[str, Any]:
+    def _finish(self, payload: ToolTask, outcome: Outcome, attempts: int, task: Task) -> dict[str, Any]:
         result, done = filed_result(payload, outcome, attempts)
-        self.ledger.finish(result, payload.run_id, self.token, payload.reply_to, done=done)
+        # On the threads and solo pools the message is acknowledged with the result, and kombu's
+        # own ack is then skipped; a prefork child cannot tell its parent, so there kombu acks.
+        tag = None if self.inline_sync else (task.request.properties or {}).get("delivery_tag")
+        self.ledger.finish(result, payload.run_id, self.token, payload.reply_to, done=done,
+                           delivery_tag=tag)
+        if tag is not None and getattr(self.ledger, "broker_acks", False):
+            acked_with_result(tag)
         return _for_celery(result)
 
     def on_process_failure(self, exc: BaseException, kwargs: dict[str, Any] | None) -> None:

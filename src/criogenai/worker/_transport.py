@@ -18,17 +18,36 @@ from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.transport.virtual import Empty
 
 log = logging.getLogger(__name__)
 
 # kombu's typing varies between releases; subclass through Any so the checks are stable.
 _RedisQoS: Any = kombu_redis.QoS
+_VirtualQoS: Any = virtual.QoS
 _RedisChannel: Any = kombu_redis.Channel
 _RedisTransport: Any = kombu_redis.Transport
 
 
+_acked_with_result: set[str] = set()
+"""Delivery tags whose unacked entries the ledger's ``finish`` already removed (see there)."""
+
+
+def acked_with_result(delivery_tag: str) -> None:
+    """The call's result was filed and its message acknowledged in Redis in one step: kombu's
+    coming ack only needs its in-memory bookkeeping."""
+    _acked_with_result.add(delivery_tag)
+
+
 class QoS(_RedisQoS):
+    def ack(self, delivery_tag: str) -> None:
+        if delivery_tag in _acked_with_result:
+            _acked_with_result.discard(delivery_tag)
+            _VirtualQoS.ack(self, delivery_tag)  # the in-memory part of kombu's ack, no round trip
+            return
+        super().ack(delivery_tag)
+
     def restore_unacked(self, client: Any = None) -> Any:
         try:
             return super().restore_unacked(client)
