@@ -191,7 +191,7 @@ class Engine:
                 with self._lock:
                     if started and key in self._pending:
                         continue
-            except Exception:  # Redis unreachable: what did not reach it cannot run either
+            except Exception:  # Redis unreachable: reported unsent; only a message it kept could run
                 log.warning("could not mark call %s/%s unsent", run_id, s.payload.call.id, exc_info=True)
             result = _ended(
                 run_id,
