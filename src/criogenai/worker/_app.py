@@ -49,6 +49,7 @@ def _celery_conf(settings: Settings) -> dict[str, Any]:
         "task_acks_on_timeout": True,
         "task_reject_on_worker_lost": False,
         "worker_prefetch_multiplier": 1,
+        "worker_disable_rate_limits": True,  # fleet-wide limits are the dispatcher's (Limits)
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_track_started": False,
         "result_extended": False,

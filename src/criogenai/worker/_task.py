@@ -6,6 +6,7 @@ them to Celery: its retry machinery, its soft limit and its worker-lost and hard
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -95,10 +96,11 @@ def filed_result(payload: ToolTask, outcome: Outcome, attempts: int) -> tuple[To
     return _result(payload, outcome, attempts), not fails_run
 
 
-def _for_celery(result: ToolResult) -> dict[str, Any]:
-    """What Celery stores and logs: the result without its artifact, which may hold what
-    ``return_generic`` hides; the full result is filed under the run in the ledger."""
-    return result.model_dump(mode="json", exclude={"artifact"})
+def _for_celery(result: ToolResult, stored: bool) -> dict[str, Any] | None:
+    """What the task returns for Celery to store: the result without its artifact, which may hold
+    what ``return_generic`` hides. None when the ledger already wrote Celery's record (``stored``):
+    Celery would only build and log it."""
+    return None if stored else result.model_dump(mode="json", exclude={"artifact"})
 
 
 class WorkerRuntime:
@@ -128,7 +130,7 @@ class WorkerRuntime:
         self.leases.reset_after_fork()
         _executor.reset_after_fork()
 
-    def run(self, task: Task, body: Any) -> dict[str, Any]:
+    def run(self, task: Task, body: Any) -> dict[str, Any] | None:
         try:
             payload = ToolTask.model_validate(body)
         except ValidationError as exc:
@@ -153,7 +155,7 @@ class WorkerRuntime:
             result = unknown_tool_result(payload, self.registry)
             # A token no claim holds: a forged message must not drop a running call's claim.
             self.ledger.finish(result, run_id, "refused", payload.reply_to, done=True)
-            return _for_celery(result)
+            return _for_celery(result, self.ledger.stores_celery_results)
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule is the worker's too: a queue written by others cannot make it retry a
             # tool that is neither read-only nor idempotent.
@@ -245,7 +247,9 @@ class WorkerRuntime:
         self.ledger.finish(result, payload.run_id, "refused", payload.reply_to, done=False)
         raise Reject(f"refused: {why}", requeue=False)
 
-    def _finish(self, payload: ToolTask, outcome: Outcome, attempts: int, task: Task) -> dict[str, Any]:
+    def _finish(
+        self, payload: ToolTask, outcome: Outcome, attempts: int, task: Task
+    ) -> dict[str, Any] | None:
         result, done = filed_result(payload, outcome, attempts)
         # On the threads and solo pools the message is acknowledged with the result, and kombu's
         # own ack is then skipped; a prefork child cannot tell its parent, so there kombu acks.
@@ -254,7 +258,7 @@ class WorkerRuntime:
                            delivery_tag=tag)
         if tag is not None and getattr(self.ledger, "broker_acks", False):
             acked_with_result(tag)
-        return _for_celery(result)
+        return _for_celery(result, self.ledger.stores_celery_results)
 
     def on_process_failure(self, exc: BaseException, kwargs: dict[str, Any] | None) -> None:
         """In the main process: a call's process died (worker lost) or was killed at its hard limit."""
@@ -296,7 +300,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         ignore_result=runtime.ledger.stores_celery_results,
         store_errors_even_if_ignored=True,  # a refused message keeps Celery's FAILURE record
     )
-    def call(self: Task, task: Any = None) -> dict[str, Any]:
+    def call(self: Task, task: Any = None) -> dict[str, Any] | None:
         return runtime.run(self, task)
 
     heartbeats: list[Heartbeat] = []
@@ -309,6 +313,9 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         beat = Heartbeat(runtime.ledger, str(sender.hostname), queues, also=runtime.on_heartbeat)
         beat.start()
         heartbeats.append(beat)
+        # What is loaded now lives as long as the worker: keep the collector from scanning it
+        # again and again.
+        gc.freeze()
 
     @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _shutdown(**_: Any) -> None:
@@ -318,6 +325,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _child_started(**_: Any) -> None:
         runtime.after_fork()
+        gc.freeze()  # as in _ready: a pool child is forked before the worker is ready
 
     @signals.task_failure.connect(weak=False)  # type: ignore[untyped-decorator]
     def _failed(
