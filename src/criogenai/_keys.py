@@ -1,7 +1,8 @@
 """Names shared by the dispatcher and the worker: the Celery task, the queue, the Redis keys.
 
-Every key of one run carries the run id in a hash tag (``{...}``), so a run's keys stay in one
-Redis Cluster slot and the ledger's scripts stay valid there.
+Every key of one run carries the run id in a hash tag (``{...}``), so a run's keys share one
+Redis Cluster slot. The fleet as a whole does not run on Redis Cluster: kombu's queues, its
+unacked set and Celery's result records (which the ledger's ``finish`` also writes) do not.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Keys:
         return f"{self.prefix}:{{{run_id}}}:cancel"
 
     def limit(self, gate: str, part: str) -> str:
-        """A fleet-wide concurrency gate (``tool:<name>``, ``tenant:<name>``): ``hold`` (sorted set:
-        holder → lease end, ms), ``wait`` (holder → ticket), ``alive`` (waiter → liveness end, ms).
+        """A fleet-wide gate (``tool:<name>``, ``tenant:<name>``, ``rate:...``): ``hold`` (sorted set:
+        holder → end of its place, ms), ``wait`` (holder → ticket), ``alive`` (waiter → liveness end, ms).
         One hash tag for every gate, so that one script can take places in several at once."""
         return f"{self.prefix}:{{limits}}:{gate}:{part}"

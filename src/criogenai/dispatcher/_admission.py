@@ -148,7 +148,7 @@ class Admission(Generic[T]):
     # -- the thread -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        renew_every = self._limiter_lease() / 3
+        renew_every = self._limiter.lease_secs / 3
         next_renew = time.monotonic() + renew_every
         while not self._closed.is_set():
             self._wake.clear()
@@ -166,8 +166,6 @@ class Admission(Generic[T]):
                 waiting = True
             self._wake.wait(POLL_SECS if waiting else renew_every)
 
-    def _limiter_lease(self) -> float:
-        return float(getattr(self._limiter, "lease_secs", 10.0))
 
     def _step(self) -> bool:
         """Move calls forward; True while some wait at a gate."""
@@ -182,8 +180,13 @@ class Admission(Generic[T]):
                 ready = self._sort_out(room, now, refusals, groups)
             if ready:
                 launches.append((room.run_id, room.turn, ready))
+        waiting = False
         for gates, items in groups.items():
-            n = self._limiter.admit(gates, [member(r.run_id, s.payload.call.id) for r, s in items])
+            try:
+                n = self._limiter.admit(gates, [member(r.run_id, s.payload.call.id) for r, s in items])
+            except Exception:  # Redis away: these wait for the next step; the rest still moves
+                log.warning("cannot take places at %s; trying again", [g.name for g in gates], exc_info=True)
+                n, waiting = 0, True
             with self._lock:
                 for room, s in items[:n]:
                     if s not in room.gated:  # withdrawn meanwhile: give the place back
@@ -200,7 +203,7 @@ class Admission(Generic[T]):
         with self._lock:
             for run_id in {r.run_id for r in rooms}:
                 self._tidy(run_id)
-            return any(room.gated for rs in self._rooms.values() for room in rs)
+            return waiting or any(room.gated for rs in self._rooms.values() for room in rs)
 
     def _sort_out(
         self,

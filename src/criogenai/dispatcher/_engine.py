@@ -47,7 +47,7 @@ class Send:
     resend_safe: bool
     """The tool is read-only or idempotent: sending the call again cannot do harm."""
     gates: tuple[Gate, ...] = ()
-    """Fleet-wide concurrency limits the call must get a place in before it is published."""
+    """Fleet-wide concurrency and rate limits the call must get a place in before it is published."""
 
 
 @dataclass
@@ -161,6 +161,10 @@ class Engine:
                 for result in found.values():
                     self._settle(turn, result)
                 sends = [s for s in sends if s.payload.call.id not in found]
+            if self._closed.is_set():  # close() began after this was queued: end them here
+                for s in sends:
+                    self._refuse(run_id, turn, s, "closed")
+                return
             if self._admission.needed(sends):
                 self._admission.add(run_id, turn, sends)
                 return
@@ -184,15 +188,18 @@ class Engine:
     def _not_sent(self, run_id: str, turn: _Turn, sends: list[Send], exc: Exception) -> None:
         """End calls whose publish failed. A failed round trip may still have delivered some: each
         call is first made unclaimable; one a worker already started stays pending, watched as usual."""
+        reachable = True
         for s in sends:
             key = (run_id, s.payload.call.id)
             try:
-                started = not self.ledger.abandon(run_id, key[1], self.limits.queue_wait_secs + 60)
-                with self._lock:
-                    if started and key in self._pending:
-                        continue
+                if reachable:
+                    started = not self.ledger.abandon(run_id, key[1], self.limits.queue_wait_secs + 60)
+                    with self._lock:
+                        if started and key in self._pending:
+                            continue
             except Exception:  # Redis unreachable: reported unsent; only a message it kept could run
-                log.warning("could not mark call %s/%s unsent", run_id, s.payload.call.id, exc_info=True)
+                log.warning("could not mark calls of run %s unsent", run_id, exc_info=True)
+                reachable = False  # one timeout is enough: the publisher thread serves every turn
             result = _ended(
                 run_id,
                 s.payload,
@@ -209,12 +216,18 @@ class Engine:
 
     def _launch(self, run_id: str, turn: _Turn, sends: list[Send]) -> None:
         """Called by admission for calls it let in: publish them on the publisher thread."""
-        self._publisher.submit(self._publish_admitted, run_id, turn, sends)
+        try:
+            self._publisher.submit(self._publish_admitted, run_id, turn, sends)
+        except RuntimeError:  # the publisher was shut down: close() is under way
+            for s in sends:
+                self._refuse(run_id, turn, s, "closed")
+                self._admission.done(run_id, s.payload.call.id)
 
     def _publish_admitted(self, run_id: str, turn: _Turn, sends: list[Send]) -> None:
-        if run_id in self._cancelled:
+        why = "cancelled" if run_id in self._cancelled else "closed" if self._closed.is_set() else None
+        if why is not None:
             for s in sends:
-                self._refuse(run_id, turn, s, "cancelled")
+                self._refuse(run_id, turn, s, why)
                 self._admission.done(run_id, s.payload.call.id)
             return
         now, wall = time.monotonic(), time.time()

@@ -136,7 +136,13 @@ class InProcessEngine:
         now = time.monotonic()
         calls = [_Call(s, turn, now + _budget_secs(s.payload, self.limits)) for s in sends]
         with self._lock:
-            self._calls.update(calls)
+            closed = self._closed
+            if not closed:
+                self._calls.update(calls)
+        if closed:  # close() is under way and may have taken its list of calls already
+            for s in sends:
+                self._refuse(run_id, turn, s, "closed")
+            return
         for c in calls:
             self._start(c)
 
@@ -331,12 +337,13 @@ class InProcessEngine:
         with self._lock:
             self._closed = True
             self._lock.notify()
-            left = list(self._calls)
             self._timers.clear()
         for run_id, turn, s in self._admission.close():
             self._refuse(run_id, turn, s, "closed")
         self._slots.shutdown(wait=False, cancel_futures=True)
         self._watcher.join(timeout=5)
+        with self._lock:  # taken last: admission may have launched calls until it stopped
+            left = list(self._calls)
         for c in left:
             payload = c.send.payload
             self._answer(

@@ -1,10 +1,12 @@
-"""Fleet-wide concurrency gates kept in Redis: a call takes a place in each of its gates before
-it is published, and gives it back when its result comes in.
+"""Fleet-wide gates kept in Redis: a call takes a place in each of its gates before it is
+published. A concurrency gate's place is given back when the call's result comes in; a rate
+gate's place lasts its window from the moment the call was let in (so "at most N calls per
+second" counts calls published, which start a queue wait later).
 
 Why the gate is on the dispatcher side: a call waiting for a place waits in its dispatcher, not
 in a worker slot, so workers stay free for other tools and tenants (a gate in the worker would
 hold the very slots the limit is there to protect, and Celery's ``rate_limit`` is per worker
-anyway). Places are leases: the dispatcher renews the ones it holds, so a dead dispatcher's places
+anyway). Concurrency places are leases: the dispatcher renews the ones it holds, so a dead dispatcher's places
 come back within a lease; a dead worker's call keeps its place while the dispatcher sends it
 again, because it is still in flight. Waiters are queued in Redis by ticket, so calls over a
 limit start in the order they arrived, across every dispatcher. Each step is one Lua script on
@@ -44,6 +46,9 @@ WAITER_TTL_SECS = 5.0
 
 
 class Limiter(Protocol):
+    lease_secs: float
+    """How long a concurrency place lasts unless renewed (renew every third of it)."""
+
     def admit(self, gates: Sequence[Gate], members: list[str]) -> int:
         """Take a place in every gate for as many of ``members`` as fit, in order; how many did.
 

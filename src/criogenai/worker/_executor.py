@@ -144,13 +144,18 @@ class _ToolThreads:
                 future, fn = self._jobs.get()
                 if future.set_running_or_notify_cancel():
                     try:
-                        future.set_result(fn())
+                        value = fn()
                     except BaseException as exc:  # the caller's to judge, _TimedOut included
+                        _clear_raise_in_thread()
                         future.set_exception(exc)
+                    else:
+                        _clear_raise_in_thread()  # a stop aimed at this job must not hit the next
+                        future.set_result(value)
                 del future, fn
+                value = None
                 with self._lock:
                     self._idle += 1
-            except (_TimedOut, _Cancelled):  # a stop that arrived just after its tool returned
+            except (_TimedOut, _Cancelled):  # a stop that landed between jobs: nothing to stop
                 continue
 
 
@@ -177,6 +182,11 @@ def _raise_in_thread(ident: int, exc_type: type[BaseException]) -> None:
     """Ask a thread to raise ``exc_type`` at its next bytecode: the only way to stop a sync tool
     in a thread; it cannot interrupt a blocking C call, which goes on until it returns."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+
+
+def _clear_raise_in_thread() -> None:
+    """Drop a ``_raise_in_thread`` still pending for the calling thread (its job has ended)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
 
 def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:

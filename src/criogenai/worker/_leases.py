@@ -23,6 +23,7 @@ class LeaseKeeper:
         self._ledger = ledger
         self._held: dict[tuple[str, str], str] = {}
         self._on_cancel: dict[tuple[str, str], Callable[[], None]] = {}
+        self._warned: set[tuple[str, str]] = set()  # held calls already reported as lost
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -33,6 +34,7 @@ class LeaseKeeper:
         """Renew the call's claim until ``drop``; ``on_cancel`` is called once if its turn is cancelled."""
         with self._lock:
             self._held[(run_id, call_id)] = token
+            self._warned.discard((run_id, call_id))
             if on_cancel is not None:
                 self._on_cancel[(run_id, call_id)] = on_cancel
             if self._thread is None or not self._thread.is_alive():
@@ -43,10 +45,12 @@ class LeaseKeeper:
         with self._lock:
             self._held.pop((run_id, call_id), None)
             self._on_cancel.pop((run_id, call_id), None)
+            self._warned.discard((run_id, call_id))
 
     def reset_after_fork(self) -> None:
         self._held.clear()
         self._on_cancel.clear()
+        self._warned.clear()
         self._thread = None
         self._lock = threading.Lock()
 
@@ -61,9 +65,12 @@ class LeaseKeeper:
                 log.warning("could not renew %d claim(s)", len(held), exc_info=True)
                 continue
             for key in renewal.lost:
+                # Still renewed (a no-op while it is not ours), so that a cancel still reaches it.
                 with self._lock:
-                    still_running = self._held.pop(key, None) is not None  # else it just finished
-                if still_running:
+                    first = key in self._held and key not in self._warned  # else it just finished
+                    if first:
+                        self._warned.add(key)
+                if first:
                     log.warning(
                         "call %s/%s lost its claim (its lease ran out or Redis restarted): it may "
                         "be run again elsewhere while it runs here",

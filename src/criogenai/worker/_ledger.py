@@ -134,7 +134,7 @@ return out
 """
 
 # KEYS: claim, the run's cancel mark. Returns -1 when the run was cancelled (the lease is still
-# renewed: the call runs until it stops).
+# renewed: the call runs until it stops), 0 when the claim is no longer this holder's (lost), else 1.
 _RENEW = """
 local renewed = 0
 if redis.call('GET', KEYS[1]) == 'run:' .. ARGV[1] then

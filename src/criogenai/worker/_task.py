@@ -96,11 +96,11 @@ def filed_result(payload: ToolTask, outcome: Outcome, attempts: int) -> tuple[To
     return _result(payload, outcome, attempts), not fails_run
 
 
-def _for_celery(result: ToolResult, stored: bool) -> dict[str, Any] | None:
-    """What the task returns for Celery to store: the result without its artifact, which may hold
-    what ``return_generic`` hides. None when the ledger already wrote Celery's record (``stored``):
-    Celery would only build and log it."""
-    return None if stored else result.model_dump(mode="json", exclude={"artifact"})
+def _for_celery(result: ToolResult) -> dict[str, Any]:
+    """What the task returns: the result without its artifact, which may hold what
+    ``return_generic`` hides. Celery stores it (unless the ledger already wrote Celery's record)
+    and the log and metrics hooks read it (``task_postrun``); the full result is in the ledger."""
+    return result.model_dump(mode="json", exclude={"artifact"})
 
 
 class WorkerRuntime:
@@ -130,7 +130,7 @@ class WorkerRuntime:
         self.leases.reset_after_fork()
         _executor.reset_after_fork()
 
-    def run(self, task: Task, body: Any) -> dict[str, Any] | None:
+    def run(self, task: Task, body: Any) -> dict[str, Any]:
         try:
             payload = ToolTask.model_validate(body)
         except ValidationError as exc:
@@ -155,7 +155,7 @@ class WorkerRuntime:
             result = unknown_tool_result(payload, self.registry)
             # A token no claim holds: a forged message must not drop a running call's claim.
             self.ledger.finish(result, run_id, "refused", payload.reply_to, done=True)
-            return _for_celery(result, self.ledger.stores_celery_results)
+            return _for_celery(result)
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule is the worker's too: a queue written by others cannot make it retry a
             # tool that is neither read-only nor idempotent.
@@ -249,7 +249,7 @@ class WorkerRuntime:
 
     def _finish(
         self, payload: ToolTask, outcome: Outcome, attempts: int, task: Task
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, Any]:
         result, done = filed_result(payload, outcome, attempts)
         # On the threads and solo pools the message is acknowledged with the result, and kombu's
         # own ack is then skipped; a prefork child cannot tell its parent, so there kombu acks.
@@ -258,7 +258,7 @@ class WorkerRuntime:
                            delivery_tag=tag)
         if tag is not None and getattr(self.ledger, "broker_acks", False):
             acked_with_result(tag)
-        return _for_celery(result, self.ledger.stores_celery_results)
+        return _for_celery(result)
 
     def on_process_failure(self, exc: BaseException, kwargs: dict[str, Any] | None) -> None:
         """In the main process: a call's process died (worker lost) or was killed at its hard limit."""
@@ -300,7 +300,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         ignore_result=runtime.ledger.stores_celery_results,
         store_errors_even_if_ignored=True,  # a refused message keeps Celery's FAILURE record
     )
-    def call(self: Task, task: Any = None) -> dict[str, Any] | None:
+    def call(self: Task, task: Any = None) -> dict[str, Any]:
         return runtime.run(self, task)
 
     heartbeats: list[Heartbeat] = []
