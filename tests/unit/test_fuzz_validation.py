@@ -26,7 +26,9 @@ TOOLS = sorted(
     {v for m in (clinic, fleet_tools) for v in vars(m).values() if isinstance(v, Tool)},
     key=lambda t: t.name,
 )
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+# derandomize: CI sees the same examples each run (a new counterexample is found by running with
+# --hypothesis-seed=random locally, not by a red build on an unrelated change).
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 scalars = (
     st.none()
@@ -125,6 +127,10 @@ def verdict(t: Tool[..., Any], arguments: Any) -> bool:
     if not dispatcher_says:
         assert done["c"].status == "invalid_arguments", done["c"]
     schema_says = jsonschema.Draft202012Validator(t.schema).is_valid(arguments)
+    if schema_says and not dispatcher_says and "exceeded maximum size" in done["c"].content:
+        # The one known difference: JSON Schema takes any integral float as an integer, pydantic
+        # converts a float to int only within 64 bits (9.3e18 is refused, with this message).
+        return False
     assert dispatcher_says == schema_says, (arguments, done.get("c"))
     return dispatcher_says
 
