@@ -50,6 +50,8 @@ class QoS(_RedisQoS):
         commands, sent on a connection of this QoS's own instead of a redis-py transaction
         pipeline, whose machinery was a third of the worker's CPU per call. No MULTI: a reader
         (``restore_visible``) only takes entries older than the visibility timeout."""
+        if getattr(self.channel, "global_keyprefix", ""):  # kombu prefixes keys in its client
+            return super().append(message, delivery_tag)  # type: ignore[no-any-return]
         delivery = message.delivery_info
         entry = [message._raw, delivery["exchange"], delivery["routing_key"]]
         try:
@@ -80,8 +82,10 @@ class QoS(_RedisQoS):
     def ack(self, delivery_tag: str) -> None:
         if delivery_tag in _acked_with_result:
             _acked_with_result.discard(delivery_tag)
-            _VirtualQoS.ack(self, delivery_tag)  # the in-memory part of kombu's ack, no round trip
-            return
+            # With a key prefix the ledger removed nothing (it writes kombu's default names).
+            if not getattr(self.channel, "global_keyprefix", ""):
+                _VirtualQoS.ack(self, delivery_tag)  # the in-memory part of kombu's ack, no round trip
+                return
         super().ack(delivery_tag)
 
     def restore_unacked(self, client: Any = None) -> Any:
