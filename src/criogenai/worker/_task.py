@@ -10,6 +10,7 @@ import gc
 import logging
 import os
 import socket
+import time
 import uuid
 from typing import Any, NoReturn
 
@@ -185,6 +186,7 @@ class WorkerRuntime:
             call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt, cancel_event=stop.event
         )
         self.leases.hold(run_id, call.id, self.token, on_cancel=stop.cancel)
+        started = time.monotonic()
         try:
             outcome = _executor.execute(
                 tool,
@@ -198,8 +200,24 @@ class WorkerRuntime:
                 interrupts=(SoftTimeLimitExceeded,),
                 stop=stop,
             )
-        finally:
+        except SoftTimeLimitExceeded:  # landed in the executor's own code, after the tool's run
+            outcome = timed_out(call.name, payload.timeout_secs, time.monotonic() - started)
+        except BaseException:
             self.leases.drop(run_id, call.id)
+            raise
+        try:
+            return self._conclude(task, payload, outcome, attempt)
+        except SoftTimeLimitExceeded:
+            # Celery's soft limit and the executor's own timer both fire at timeout_secs, and the
+            # signal may land after the tool's run has ended (an async tool, timed by the
+            # executor): the outcome stands. Concluding again is safe (filing a result is
+            # idempotent) and billiard sends the signal once per task.
+            return self._conclude(task, payload, outcome, attempt)
+
+    def _conclude(self, task: Task, payload: ToolTask, outcome: Outcome, attempt: int) -> dict[str, Any]:
+        """Log the run, then retry it later or file its result."""
+        call, run_id = payload.call, payload.run_id
+        self.leases.drop(run_id, call.id)  # idempotent: run again if a late soft limit cut it short
         log.info(
             "call %s/%s tool=%s attempt=%d status=%s duration=%.3fs",
             run_id,
@@ -209,7 +227,6 @@ class WorkerRuntime:
             outcome.status,
             outcome.duration_secs,
         )
-
         delay = retry_delay(payload, outcome, attempt)
         if delay is not None:
             self.ledger.await_retry(run_id, call.id, self.token, delay)
