@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -49,8 +50,19 @@ def backoff_secs(
 
 
 _RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_T = TypeVar("_T", int, str)
 
 
+def _for_tenant(setting: _T | dict[str, _T] | None, tenant: str | None) -> _T | None:
+    """One value for every tenant, or tenant → value with ``"*"`` for the others."""
+    if tenant is None or setting is None:
+        return None
+    if isinstance(setting, dict):
+        return setting.get(tenant, setting.get("*"))
+    return setting
+
+
+@functools.lru_cache(maxsize=256)
 def parse_rate(text: str) -> tuple[int, float]:
     """``"10/s"`` → (10, 1.0): calls, per window in seconds. Raises ValueError on anything else."""
     count, _, unit = text.strip().partition("/")
@@ -101,10 +113,7 @@ class Limits(_Value):
 
     def tenant_rate_of(self, tenant: str | None) -> str | None:
         """This tenant's fleet-wide rate of call starts, if any."""
-        rate = self.tenant_rate
-        if tenant is None or rate is None:
-            return None
-        return rate if isinstance(rate, str) else rate.get(tenant, rate.get("*"))
+        return _for_tenant(self.tenant_rate, tenant)
 
     @field_validator("tool_concurrency", "tenant_concurrency")
     @classmethod
@@ -116,12 +125,7 @@ class Limits(_Value):
 
     def tenant_limit(self, tenant: str | None) -> int | None:
         """The fleet-wide cap of this tenant's calls in flight, if any."""
-        limit = self.tenant_concurrency
-        if tenant is None or limit is None:
-            return None
-        if isinstance(limit, int):
-            return limit
-        return limit.get(tenant, limit.get("*"))
+        return _for_tenant(self.tenant_concurrency, tenant)
 
     @classmethod
     def coerce(cls, value: Limits | Mapping[str, Any] | None) -> Limits:

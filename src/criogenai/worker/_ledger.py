@@ -56,6 +56,8 @@ class Renewal:
 class Ledger(Protocol):
     lease_secs: float
     stores_celery_results: bool
+    broker_acks: bool
+    """``finish`` also acknowledges the call's broker message (the broker is this Redis)."""
 
     def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
         """Take the call for a run, unless it is finished, held by a live run, or was never
@@ -428,6 +430,7 @@ class MemoryLedger:
     def __init__(self, *, lease_secs: float = 10.0) -> None:
         self.lease_secs = lease_secs
         self.stores_celery_results = False
+        self.broker_acks = False
         self._lock = threading.Condition()
         self._results: dict[str, dict[str, ToolResult]] = defaultdict(dict)
         self._failed: dict[str, dict[str, ToolResult]] = defaultdict(dict)

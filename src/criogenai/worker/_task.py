@@ -273,7 +273,7 @@ class WorkerRuntime:
         tag = None if self.inline_sync else (task.request.properties or {}).get("delivery_tag")
         self.ledger.finish(result, payload.run_id, self.token, payload.reply_to, done=done,
                            delivery_tag=tag)
-        if tag is not None and getattr(self.ledger, "broker_acks", False):
+        if tag is not None and self.ledger.broker_acks:
             acked_with_result(tag)
         return _for_celery(result)
 
