@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery, signals
 
 from ._keys import TASK_NAME
+from ._outcomes import call_report
 
 FIELDS = ("run_id", "call_id", "tool", "attempt", "status", "duration_secs", "task_id", "worker")
 """Record attributes copied into the JSON object when present."""
@@ -98,11 +99,12 @@ def _track_calls(app: Celery) -> None:
             return
         try:
             extra: dict[str, Any] = {"status": state.lower() or None}
-            if isinstance(retval, dict):
+            report = call_report(retval)
+            if report is not None:
                 extra = {
-                    "status": retval.get("status"),
-                    "attempt": retval.get("attempts"),
-                    "duration_secs": retval.get("duration_secs"),
+                    "status": report.status,
+                    "attempt": report.attempts,
+                    "duration_secs": report.duration_secs,
                 }
             log.info("call finished", extra=extra)
         finally:

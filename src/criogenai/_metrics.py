@@ -23,6 +23,7 @@ from celery import Celery, signals
 
 from ._errors import ConfigurationError
 from ._keys import TASK_NAME
+from ._outcomes import call_report
 
 SENT_AT_HEADER = "crg_sent_at"
 """Message header: Unix time from which the call could start (publish time, or a retry's ETA)."""
@@ -127,10 +128,9 @@ class WorkerMetrics:
         name = self.tool(_tool_name(kwargs))
         if state == "RETRY":
             self.retries.labels(name).inc()
-        elif isinstance(retval, dict) and isinstance(retval.get("status"), str):
-            self.calls.labels(name, retval["status"]).inc()
-            if isinstance(retval.get("duration_secs"), int | float):
-                self.duration.labels(name).observe(retval["duration_secs"])
+        elif (report := call_report(retval)) is not None:
+            self.calls.labels(name, report.status).inc()
+            self.duration.labels(name).observe(report.duration_secs)
 
     def _failed(self, sender: Any = None, exception: Any = None, kwargs: Any = None, **_: Any) -> None:
         # Seen in the main process when a call's child died or hit its hard limit.

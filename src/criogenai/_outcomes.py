@@ -15,6 +15,35 @@ from ._wire import OnToolException, ToolStatus
 
 log = logging.getLogger(__name__)
 
+@dataclass(frozen=True, slots=True)
+class CallReport:
+    """What a finished call's task returns to Celery's hooks (``task_postrun``) when the ledger
+    keeps Celery's result record itself: small, because Celery takes a ``saferepr`` of every
+    return value, which for the whole result cost more CPU than filing it."""
+
+    status: ToolStatus
+    attempts: int
+    duration_secs: float
+
+    def __repr__(self) -> str:
+        return f"<call {self.status}>"
+
+
+def call_report(retval: Any) -> CallReport | None:
+    """The report in a task's return value: a ``CallReport``, or the result dict Celery stores
+    when the ledger does not write Celery's record."""
+    if isinstance(retval, CallReport):
+        return retval
+    if isinstance(retval, dict) and isinstance(retval.get("status"), str):
+        duration = retval.get("duration_secs")
+        return CallReport(
+            retval["status"],
+            int(retval.get("attempts") or 0),
+            float(duration) if isinstance(duration, int | float) else 0.0,
+        )
+    return None
+
+
 GENERIC_FAILURE = "The tool failed with an internal error. Its details are not available to you."
 
 

@@ -113,6 +113,22 @@ class _LoopThread:
         cls._instance = None
 
 
+class _Job:
+    """One run of a sync tool, handed to a tool thread. ``done`` is set when the run ends, or
+    early by a stop that wakes its waiter; ``lock`` orders "finished" against "abandoned"."""
+
+    __slots__ = ("abandoned", "done", "error", "finished", "fn", "ident", "lock", "value")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.finished = self.abandoned = False
+        self.ident: int | None = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
 class _ToolThreads:
     """Daemon threads that run sync tools, reused while idle.
 
@@ -122,37 +138,35 @@ class _ToolThreads:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    def submit(self, job: _Job) -> None:
         with self._lock:
             if self._idle:
                 self._idle -= 1
             else:
                 threading.Thread(target=self._serve, name="criogenai-tool", daemon=True).start()
-        self._jobs.put((future, fn))
-        return future
+        self._jobs.put(job)
 
     def _serve(self) -> None:
         while True:
             try:
-                future, fn = self._jobs.get()
-                if future.set_running_or_notify_cancel():
+                job = self._jobs.get()
+                with job.lock:
+                    job.ident = threading.get_ident()
+                    skip = job.abandoned  # its waiter gave up before a thread was free
+                if not skip:
                     try:
-                        value = fn()
+                        job.value = job.fn()
                     except BaseException as exc:  # the caller's to judge, _TimedOut included
-                        _clear_raise_in_thread()
-                        future.set_exception(exc)
-                    else:
-                        _clear_raise_in_thread()  # a stop aimed at this job must not hit the next
-                        future.set_result(value)
-                del future, fn
-                value = None
+                        job.error = exc
+                    with job.lock:
+                        job.finished = True
+                    _clear_raise_in_thread()  # a stop aimed at this job must not hit the next
+                    job.done.set()
+                del job
                 with self._lock:
                     self._idle += 1
             except (_TimedOut, _Cancelled):  # a stop that landed between jobs: nothing to stop
@@ -190,29 +204,25 @@ def _clear_raise_in_thread() -> None:
 
 
 def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:
-    ident: list[int] = []
-
-    def call() -> Any:
-        ident.append(threading.get_ident())
-        return fn()
-
-    future = _thread_pool().submit(call)
-    # wait, not result(timeout): a TimeoutError the tool raises itself is its exception, not a timeout
-    wake = threading.Event()
-    future.add_done_callback(lambda _: wake.set())
+    job = _Job(fn)
+    _thread_pool().submit(job)
     if stop is not None:
-        stop.arm(wake.set)
+        stop.arm(job.done.set)
     try:
-        wake.wait(timeout)
+        job.done.wait(timeout)
     finally:
         if stop is not None:
             stop.disarm()
-    if not future.done():
-        why = _Cancelled if stop is not None and stop.requested else _TimedOut
-        if ident and not future.done():
-            _raise_in_thread(ident[0], why)
-        raise why
-    return future.result()
+    with job.lock:
+        if not job.finished:
+            job.abandoned = True
+            why = _Cancelled if stop is not None and stop.requested else _TimedOut
+            if job.ident is not None:
+                _raise_in_thread(job.ident, why)
+            raise why
+    if job.error is not None:
+        raise job.error
+    return job.value
 
 
 def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:

@@ -12,14 +12,17 @@ embedded engine (one process).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from .._keys import Keys, task_id
 from .._wire import ToolResult
@@ -202,6 +205,47 @@ def _celery_meta(tid: str, result: ToolResult) -> str:
     )
 
 
+class _HotScripts:
+    """Runs the per-call scripts (claim, finish) on a connection of the calling thread's own.
+
+    redis-py's client takes a pooled connection and polls it for stale data on every command,
+    which costs more CPU than the command itself (about 40 of 57 us for a GET). These two run
+    for every call, so they skip that layer; a lost connection is made again and the script
+    sent again, as the client's own retries would.
+    """
+
+    _RETRY_DELAYS = (0.05, 0.25, 1.0, None)
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._local = threading.local()
+
+    def _connection(self) -> Any:  # redis-py's Connection, whose methods are untyped
+        pid, conn = getattr(self._local, "conn", (None, None))
+        if conn is None or pid != os.getpid():  # a forked child must not share its parent's socket
+            conn = self._client.connection_pool.make_connection()
+            self._local.conn = (os.getpid(), conn)
+        return conn
+
+    def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
+        conn = self._connection()
+        for delay in self._RETRY_DELAYS:
+            try:
+                try:
+                    conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    return cast(object, conn.read_response())
+                except NoScriptError:  # the server restarted or was flushed: load it again
+                    script.sha = self._client.script_load(script.script)
+                    conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    return cast(object, conn.read_response())
+            except (redis.ConnectionError, redis.TimeoutError):
+                conn.disconnect()  # a half-read reply must not be taken for the next command's
+                if delay is None:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+
 _CLAIM_CODES = {-1: Claim("done"), -2: Claim("busy"), -3: Claim("expired"), -4: Claim("cancelled")}
 REPLY_TTL_SECS = 3600
 HEARTBEAT_TTL_SECS = 15.0
@@ -243,27 +287,16 @@ class RedisLedger:
         self._await_retry = self.client.register_script(_AWAIT_RETRY)
         self._finish = self.client.register_script(_FINISH)
         self._prepare = self.client.register_script(_PREPARE)
+        self._hot = _HotScripts(self.client)
 
     def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
         k = self.keys
-        n = int(
-            self._claim(
-                keys=[
-                    k.results(run_id),
-                    k.claim(run_id, call_id),
-                    k.starts(run_id, call_id),
-                    k.cancel(run_id),
-                ],
-                args=[
-                    call_id,
-                    token,
-                    int(self.lease_secs * 1000),
-                    self.retention_secs,
-                    repr(time.time()),
-                    repr(deadline),
-                ],
-            )
-        )
+        keys = [k.results(run_id), k.claim(run_id, call_id), k.starts(run_id, call_id), k.cancel(run_id)]
+        lease_ms = int(self.lease_secs * 1000)
+        args: list[str | int | float] = [
+            call_id, token, lease_ms, self.retention_secs, repr(time.time()), repr(deadline)
+        ]
+        n = int(cast(int, self._hot.run(self._claim, keys, args)))
         return _CLAIM_CODES.get(n) or Claim("claimed", n)
 
     def renew(self, claims: list[tuple[str, str, str]]) -> Renewal:
@@ -314,29 +347,26 @@ class RedisLedger:
         target = k.results(run_id) if done else k.failed(run_id)
         reply = reply_to or k.reply("none")
         tid = task_id(run_id, result.call_id)
-        return bool(
-            self._finish(
-                keys=[
-                    target,
-                    k.results(run_id),
-                    k.claim(run_id, result.call_id),
-                    reply,
-                    _META + tid,
-                    UNACKED_KEY,
-                    UNACKED_INDEX_KEY,
-                ],
-                args=[
-                    result.call_id,
-                    result.model_dump_json(),
-                    self.retention_secs,
-                    token or "",
-                    REPLY_TTL_SECS,
-                    "1" if reply_to else "0",
-                    _celery_meta(tid, result) if self.stores_celery_results else "",
-                    tag,
-                ],
-            )
-        )
+        keys = [
+            target,
+            k.results(run_id),
+            k.claim(run_id, result.call_id),
+            reply,
+            _META + tid,
+            UNACKED_KEY,
+            UNACKED_INDEX_KEY,
+        ]
+        args: list[str | int | float] = [
+            result.call_id,
+            result.model_dump_json(),
+            self.retention_secs,
+            token or "",
+            REPLY_TTL_SECS,
+            "1" if reply_to else "0",
+            _celery_meta(tid, result) if self.stores_celery_results else "",
+            tag,
+        ]
+        return bool(self._hot.run(self._finish, keys, args))
 
     def release(self, run_id: str, call_id: str) -> None:
         self.client.delete(self.keys.claim(run_id, call_id))

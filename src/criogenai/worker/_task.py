@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from .._config import backoff_secs
 from .._keys import MAX_LOST_RUNS, TASK_NAME
 from .._message import hard_limit_secs, send_call
-from .._outcomes import Outcome, cancelled_before_start, timed_out
+from .._outcomes import CallReport, Outcome, cancelled_before_start, timed_out
 from .._signing import refusal
 from .._wire import ToolResult, ToolTask
 from ..tools import ToolContext, ToolRegistry
@@ -97,11 +97,17 @@ def filed_result(payload: ToolTask, outcome: Outcome, attempts: int) -> tuple[To
     return _result(payload, outcome, attempts), not fails_run
 
 
-def _for_celery(result: ToolResult) -> dict[str, Any]:
-    """What the task returns: the result without its artifact, which may hold what
-    ``return_generic`` hides. Celery stores it (unless the ledger already wrote Celery's record)
-    and the log and metrics hooks read it (``task_postrun``); the full result is in the ledger."""
-    return result.model_dump(mode="json", exclude={"artifact"})
+_Returned = dict[str, Any] | CallReport
+
+
+def _for_celery(result: ToolResult, stored: bool) -> _Returned:
+    """What the task returns. Read by the log and metrics hooks (``task_postrun``), and stored by
+    Celery when the ledger does not write Celery's record itself (``stored``): then the result
+    without its artifact, which may hold what ``return_generic`` hides. The full result is in the
+    ledger."""
+    if stored:
+        return result.model_dump(mode="json", exclude={"artifact"})
+    return CallReport(result.status, result.attempts, result.duration_secs or 0.0)
 
 
 class WorkerRuntime:
@@ -119,6 +125,8 @@ class WorkerRuntime:
         self.on_heartbeat: BeatHook | None = None  # the tool catalog's publisher (``_catalog``)
         self.inline_sync = False
         self.token = self._new_token()
+        self._celery_stores = not ledger.stores_celery_results
+        """Celery stores what the task returns (the ledger does not write Celery's record)."""
 
     @staticmethod
     def _new_token() -> str:
@@ -131,7 +139,7 @@ class WorkerRuntime:
         self.leases.reset_after_fork()
         _executor.reset_after_fork()
 
-    def run(self, task: Task, body: Any) -> dict[str, Any]:
+    def run(self, task: Task, body: Any) -> _Returned:
         try:
             payload = ToolTask.model_validate(body)
         except ValidationError as exc:
@@ -156,7 +164,7 @@ class WorkerRuntime:
             result = unknown_tool_result(payload, self.registry)
             # A token no claim holds: a forged message must not drop a running call's claim.
             self.ledger.finish(result, run_id, "refused", payload.reply_to, done=True)
-            return _for_celery(result)
+            return _for_celery(result, self._celery_stores)
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule is the worker's too: a queue written by others cannot make it retry a
             # tool that is neither read-only nor idempotent.
@@ -214,7 +222,7 @@ class WorkerRuntime:
             # idempotent) and billiard sends the signal once per task.
             return self._conclude(task, payload, outcome, attempt)
 
-    def _conclude(self, task: Task, payload: ToolTask, outcome: Outcome, attempt: int) -> dict[str, Any]:
+    def _conclude(self, task: Task, payload: ToolTask, outcome: Outcome, attempt: int) -> _Returned:
         """Log the run, then retry it later or file its result."""
         call, run_id = payload.call, payload.run_id
         self.leases.drop(run_id, call.id)  # idempotent: run again if a late soft limit cut it short
@@ -266,7 +274,7 @@ class WorkerRuntime:
 
     def _finish(
         self, payload: ToolTask, outcome: Outcome, attempts: int, task: Task
-    ) -> dict[str, Any]:
+    ) -> _Returned:
         result, done = filed_result(payload, outcome, attempts)
         # On the threads and solo pools the message is acknowledged with the result, and kombu's
         # own ack is then skipped; a prefork child cannot tell its parent, so there kombu acks.
@@ -275,7 +283,7 @@ class WorkerRuntime:
                            delivery_tag=tag)
         if tag is not None and self.ledger.broker_acks:
             acked_with_result(tag)
-        return _for_celery(result)
+        return _for_celery(result, self._celery_stores)
 
     def on_process_failure(self, exc: BaseException, kwargs: dict[str, Any] | None) -> None:
         """In the main process: a call's process died (worker lost) or was killed at its hard limit."""
@@ -317,7 +325,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         ignore_result=runtime.ledger.stores_celery_results,
         store_errors_even_if_ignored=True,  # a refused message keeps Celery's FAILURE record
     )
-    def call(self: Task, task: Any = None) -> dict[str, Any]:
+    def call(self: Task, task: Any = None) -> _Returned:
         return runtime.run(self, task)
 
     heartbeats: list[Heartbeat] = []
