@@ -307,3 +307,49 @@ def test_filing_a_result_acknowledges_its_message_in_the_same_step(redis_up: Non
         assert ledger.finish(result, result.run_id, None, None, done=True, delivery_tag=tag)
         assert ledger.finished(result.run_id, ["c"])["c"].content == "x"
         assert unacked(tag) == expected
+
+
+def test_messages_a_worker_pops_together_stay_restorable_until_each_is_acknowledged(redis_up: None) -> None:
+    """The worker's transport pops up to its prefetch window of messages in one BLMPOP. Every
+    one is kept in kombu's unacknowledged set, as kombu itself would keep it, before any is
+    handed on, so a worker that dies holding them loses none."""
+    from kombu import Consumer, Queue
+
+    from criogenai.dispatcher._publish import RedisPublisher
+    from criogenai.worker._transport import TRANSPORT
+
+    db = redis.Redis.from_url(fleet_url())
+    queue = f"batch-{key()}"
+    app = create_app(Settings(broker_url=fleet_url()))
+    calls = [
+        ToolTask(run_id="r", call=ToolCall(id=f"c{i}", name="echo", arguments={"text": str(i)}),
+                 timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
+                 jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
+                 deadline=time.time() + 60)
+        for i in range(5)
+    ]
+    RedisPublisher(app, db).publish([(c, queue) for c in calls])
+    got = []
+    with Connection(fleet_url(), transport=TRANSPORT) as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 10, False)
+        consumer = Consumer(channel, [Queue(queue, routing_key=queue)], accept=["json"],
+                            callbacks=[lambda body, message: got.append((body, message))])
+        consumer.consume()
+        conn.drain_events(timeout=5)
+        assert len(got) == 5, "the five queued messages did not come in one pop"
+        assert db.llen(queue) == 0
+        assert [body[1]["task"]["call"]["id"] for body, _ in got] == [f"c{i}" for i in range(5)]
+        for _, message in got:
+            stored, exchange, routing_key = json.loads(db.hget("unacked", message.delivery_tag))
+            assert stored == message._raw and routing_key == queue and exchange == ""
+            assert db.zscore("unacked_index", message.delivery_tag) is not None
+        got[0][1].ack()
+        got[1][1].ack()
+        assert db.hlen("unacked") == 3 and db.zcard("unacked_index") == 3
+        channel.qos.restore_unacked()  # what kombu does for a worker that died holding them
+        restored = [json.loads(m) for m in db.lrange(queue, 0, -1)]
+        assert sorted(m["headers"]["id"] for m in restored) == sorted(
+            task_id("r", f"c{i}") for i in range(2, 5)
+        )
+    db.delete(queue)

@@ -22,6 +22,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.transport.virtual import Empty
+from kombu.utils import encoding as kombu_encoding
 from kombu.utils import json as kombu_json
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 _RedisQoS: Any = kombu_redis.QoS
 _VirtualQoS: Any = virtual.QoS
 _kombu_dumps: Any = kombu_json.dumps
+_kombu_loads: Any = kombu_json.loads
+_text: Any = kombu_encoding.bytes_to_str
 _RedisChannel: Any = kombu_redis.Channel
 _RedisTransport: Any = kombu_redis.Transport
 
@@ -45,11 +48,55 @@ def acked_with_result(delivery_tag: str) -> None:
 
 
 class QoS(_RedisQoS):
+    def keep_unacked(self, messages: list[tuple[dict[str, Any], str]]) -> None:
+        """kombu's unacked bookkeeping for a batch of popped messages, in one round trip; their
+        ``append`` then only does the in-memory part. Each entry holds the message's own text."""
+        commands: list[tuple[Any, ...]] = []
+        now = time.time()
+        for payload, text in messages:
+            props = payload["properties"]
+            delivery = props.get("delivery_info") or {}
+            route = json.dumps([delivery.get("exchange"), delivery.get("routing_key")])
+            entry = f"[{text},{route[1:]}"  # [message, exchange, routing key], as kombu writes it
+            commands.append(("ZADD", self.unacked_index_key, now, props["delivery_tag"]))
+            commands.append(("HSET", self.unacked_key, props["delivery_tag"], entry))
+        self._send(commands)
+        self._kept.update(payload["properties"]["delivery_tag"] for payload, _ in messages)
+
+    def _send(self, commands: list[tuple[Any, ...]]) -> None:
+        conn = self.__dict__.get("_crg_conn")
+        if conn is None:
+            conn = self._crg_conn = self.channel.client.connection_pool.make_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+            failed = None
+            for _ in commands:
+                reply = conn.read_response()
+                if isinstance(reply, Exception):
+                    failed = reply
+            if failed is not None:
+                raise failed
+        except BaseException:
+            conn.disconnect()  # a half-read reply must not be taken for the next one's
+            raise
+
+    @property
+    def _kept(self) -> set[str]:
+        """Delivery tags whose unacked entries ``keep_unacked`` already wrote."""
+        kept: set[str] | None = self.__dict__.get("_crg_kept")
+        if kept is None:
+            kept = set()
+            self._crg_kept = kept
+        return kept
+
     def append(self, message: Any, delivery_tag: str) -> None:
         """kombu's unacked bookkeeping (ZADD to the index, HSET of the message), the same two
         commands, sent on a connection of this QoS's own instead of a redis-py transaction
         pipeline, whose machinery was a third of the worker's CPU per call. No MULTI: a reader
         (``restore_visible``) only takes entries older than the visibility timeout."""
+        if delivery_tag in self._kept:  # written with its batch (``keep_unacked``)
+            self._kept.discard(delivery_tag)
+            return _VirtualQoS.append(self, message, delivery_tag)  # type: ignore[no-any-return]
         if getattr(self.channel, "global_keyprefix", ""):  # kombu prefixes keys in its client
             return super().append(message, delivery_tag)  # type: ignore[no-any-return]
         delivery = message.delivery_info
@@ -58,25 +105,12 @@ class QoS(_RedisQoS):
             raw = json.dumps(entry)  # the C encoder; the same text for plain JSON values
         except TypeError:  # a value kombu's decoder turned into an object (a datetime, ...)
             raw = _kombu_dumps(entry)
-        conn = self.__dict__.get("_crg_conn")
-        if conn is None:
-            conn = self._crg_conn = self.channel.client.connection_pool.make_connection()
-        try:
-            conn.send_packed_command(
-                conn.pack_commands(
-                    [
-                        ("ZADD", self.unacked_index_key, time.time(), delivery_tag),
-                        ("HSET", self.unacked_key, delivery_tag, raw),
-                    ]
-                )
-            )
-            for _ in range(2):
-                reply = conn.read_response()
-                if isinstance(reply, Exception):
-                    raise reply
-        except BaseException:
-            conn.disconnect()  # a half-read reply must not be taken for the next one's
-            raise
+        self._send(
+            [
+                ("ZADD", self.unacked_index_key, time.time(), delivery_tag),
+                ("HSET", self.unacked_key, delivery_tag, raw),
+            ]
+        )
         _VirtualQoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
@@ -111,13 +145,80 @@ class Channel(_RedisChannel):
                 client = self._crg_client = self._create_client()
         yield client
 
+    def _brpop_start(self, timeout: Any = None) -> None:
+        """Pop up to as many messages as the prefetch window has room for, in one BLMPOP, where
+        kombu sends a BRPOP per message; the same keys, priority order, end of the list and
+        server-side timeout."""
+        self._crg_batch = False
+        room = self.qos.can_consume_max_estimate()
+        if self.global_keyprefix or room is None or room < 2:
+            return super()._brpop_start(timeout)  # type: ignore[no-any-return]
+        if timeout is None:
+            timeout = self.brpop_timeout
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return None
+        keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self._crg_batch = True
+        self.client.connection.send_command(
+            "BLMPOP", timeout or 0, len(keys), *keys, "RIGHT", "COUNT", room
+        )
+        return None
+
     def _brpop_read(self, **options: Any) -> bool:
+        if not self.__dict__.get("_crg_batch"):
+            try:
+                return bool(super()._brpop_read(**options))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                _refused_entry(exc)
+                raise Empty() from None
         try:
-            return bool(super()._brpop_read(**options))
+            try:
+                popped = self.client.connection.read_response()
+            except self.connection_errors:
+                self.client.connection.disconnect()  # the next poll reconnects
+                raise
+            if not popped:
+                raise Empty()
+            dest = _text(popped[0]).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(dest)
+            messages = _decoded(popped[1])
+            if not messages:
+                raise Empty()
+            # Every popped message is kept as unacknowledged before any is handed on, in one
+            # round trip: one that fails to be delivered is still restored later.
+            self.qos.keep_unacked([(payload, raw) for payload, raw in messages])
+            for payload, _ in messages:
+                self.connection._deliver(payload, dest)
+            return True
+        finally:
+            self._in_poll = None
+            self._crg_batch = False
+            self._flush_brpop_reauth()
+
+
+def _refused_entry(exc: Exception) -> None:
+    log.error("refused a queue entry that is not a kombu message (%s: %s); dropped", type(exc).__name__, exc)
+
+
+def _decoded(items: list[bytes]) -> list[tuple[dict[str, Any], str]]:
+    """The kombu messages among popped queue entries, each with its text; others are refused."""
+    out = []
+    for item in items:
+        try:
+            text = _text(item)
+            # kombu's decoder turns {"__type__": ...} objects into values in Python, for every
+            # object of the envelope; without any, the C decoder gives the same.
+            payload = _kombu_loads(text) if '"__type__"' in text else json.loads(text)
+            if not isinstance(payload["properties"]["delivery_tag"], str):
+                raise TypeError("the delivery tag is not a string")
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.error("refused a queue entry that is not a kombu message (%s: %s); dropped",
-                      type(exc).__name__, exc)
-            raise Empty() from None
+            _refused_entry(exc)
+            continue
+        out.append((payload, text))
+    return out
 
 
 class Transport(_RedisTransport):
