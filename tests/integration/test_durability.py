@@ -353,3 +353,39 @@ def test_messages_a_worker_pops_together_stay_restorable_until_each_is_acknowled
             task_id("r", f"c{i}") for i in range(2, 5)
         )
     db.delete(queue)
+
+
+def test_with_a_kombu_global_key_prefix_the_transport_keeps_kombus_own_bookkeeping(redis_up: None) -> None:
+    """criogenai's lighter unacked bookkeeping, batched pops and acks-with-the-result write
+    kombu's default key names; with a ``global_keyprefix`` they step aside for kombu's own code,
+    so every entry is written and removed under the prefix."""
+    from kombu import Consumer, Producer, Queue
+
+    from criogenai.worker._transport import TRANSPORT, acked_with_result
+
+    db = redis.Redis.from_url(fleet_url())
+    prefix, queue = f"pfx-{key()}:", f"q-{key()}"
+    options = {"global_keyprefix": prefix}
+    got = []
+    with Connection(fleet_url(), transport=TRANSPORT, transport_options=options) as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 10, False)
+        q = Queue(queue, routing_key=queue)
+        producer = Producer(channel, serializer="json")
+        for i in range(3):
+            producer.publish({"n": i}, routing_key=queue, declare=[q])
+        consumer = Consumer(channel, [q], accept=["json"],
+                            callbacks=[lambda body, message: got.append((body, message))])
+        consumer.consume()
+        for _ in range(3):
+            conn.drain_events(timeout=5)
+        assert [body["n"] for body, _ in got] == [0, 1, 2]
+        assert db.hlen(f"{prefix}unacked") == 3 and db.zcard(f"{prefix}unacked_index") == 3
+        assert not db.exists("unacked") and not db.exists("unacked_index"), "wrote kombu's unprefixed keys"
+        got[0][1].ack()
+        acked_with_result(got[1][1].delivery_tag)  # the ledger wrote nothing under the prefix...
+        got[1][1].ack()  # ...so kombu's own ack must remove the entry
+        assert db.hlen(f"{prefix}unacked") == 1 and db.zcard(f"{prefix}unacked_index") == 1
+        got[2][1].ack()
+    for k in db.scan_iter(f"{prefix}*"):
+        db.delete(k)

@@ -80,6 +80,9 @@ class QoS(_RedisQoS):
             conn.disconnect()  # a half-read reply must not be taken for the next one's
             raise
 
+    def forget_kept(self, messages: list[tuple[dict[str, Any], str]]) -> None:
+        self._kept.difference_update(payload["properties"]["delivery_tag"] for payload, _ in messages)
+
     @property
     def _kept(self) -> set[str]:
         """Delivery tags whose unacked entries ``keep_unacked`` already wrote."""
@@ -189,9 +192,12 @@ class Channel(_RedisChannel):
                 raise Empty()
             # Every popped message is kept as unacknowledged before any is handed on, in one
             # round trip: one that fails to be delivered is still restored later.
-            self.qos.keep_unacked([(payload, raw) for payload, raw in messages])
-            for payload, _ in messages:
-                self.connection._deliver(payload, dest)
+            self.qos.keep_unacked(messages)
+            try:
+                for payload, _ in messages:
+                    self.connection._deliver(payload, dest)
+            finally:
+                self.qos.forget_kept(messages)  # any not handed on (its entry stays, to be restored)
             return True
         finally:
             self._in_poll = None
