@@ -120,3 +120,12 @@ def test_a_traceback_stays_inside_its_json_line() -> None:
     line = JsonFormatter().format(record)
     assert "\n" not in line
     assert json.loads(line)["exc"].rstrip().endswith("ValueError: two\nlines")
+
+
+def test_redis_older_than_7_is_refused_by_version_and_newer_servers_pass() -> None:
+    from criogenai.worker._app import redis_version_ok
+
+    assert not redis_version_ok("6.2.14")
+    assert not redis_version_ok("5.0.7")
+    assert redis_version_ok("7.0.0") and redis_version_ok("7.0.15") and redis_version_ok("7.2.4")
+    assert redis_version_ok("8.0-rc1") and redis_version_ok("10.1.0")

@@ -18,7 +18,7 @@ from .._signing import sign
 from .._tracing import note_turn, traced_turn
 from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
 from ..tools import Tool, ToolRegistry
-from ..worker._app import create_app, make_ledger
+from ..worker._app import check_server, create_app, make_ledger
 from ..worker._ledger import Ledger
 from ._approvals import Approvals
 from ._engine import Engine, Send
@@ -110,6 +110,7 @@ class Dispatcher:
                         signing_secret=self.settings.signing_secret,
                     )
                 else:
+                    check_server(ledger, login=False)  # refused logins end calls with the reason
                     app = create_app(self.settings)
                     publisher = _redis_publisher(app, self.settings)
                     self._engine = Engine(

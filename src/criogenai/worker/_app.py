@@ -88,18 +88,43 @@ def _unverified_tls(url: str | None) -> bool:
     return "ssl_cert_reqs" not in dict(parse_qsl(urlsplit(url or "").query))
 
 
-def _check_login(ledger: Ledger) -> None:
-    """Fail fast when Redis refuses the URL's credentials or certificate: Celery would retry
-    those forever, like an outage. Redis not up yet is left to Celery's retries."""
+MIN_REDIS = (7, 0)
+"""BLMPOP, which workers and dispatchers pop with, came with Redis 7.0."""
+
+
+def redis_version_ok(version: str) -> bool:
+    """Whether a server's ``redis_version`` is one criogenai runs on."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts) >= MIN_REDIS
+
+
+def check_server(ledger: Ledger, *, login: bool = True) -> None:
+    """Fail fast when Redis is older than 7.0 (every pop would fail) and, with ``login``, when it
+    refuses the URL's credentials or certificate (a worker's Celery would retry those forever,
+    like an outage; a dispatcher instead ends its calls with the reason). Redis not up yet is
+    left to the retries."""
     if not isinstance(ledger, RedisLedger):
         return
     try:
         ledger.client.ping()
+        version = str(ledger.client.info("server").get("redis_version", ""))
     except redis.AuthenticationError as exc:
-        raise ConfigurationError(f"Redis refused the credentials in the URL: {exc}") from None
+        if login:
+            raise ConfigurationError(f"Redis refused the credentials in the URL: {exc}") from None
+        return
     except redis.ConnectionError as exc:
-        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        if login and "CERTIFICATE_VERIFY_FAILED" in str(exc):
             raise ConfigurationError(f"Redis's TLS certificate was not accepted: {exc}") from None
+        return
+    except redis.RedisError:  # INFO not allowed for this user: nothing to check against
+        return
+    if version and not redis_version_ok(version):
+        raise ConfigurationError(
+            f"criogenai needs Redis 7.0 or newer (it pops with BLMPOP); the server runs {version}"
+        )
 
 
 def _drop_builtin_tasks(app: Celery) -> None:
@@ -132,7 +157,7 @@ def create_app(
     app.conf.update(_celery_conf(settings))
     if registry is not None:
         ledger = ledger or make_ledger(settings)
-        _check_login(ledger)
+        check_server(ledger)
         runtime = WorkerRuntime(app, registry, ledger, signing_secret=settings.signing_secret)
         register(app, runtime)
         _drop_builtin_tasks(app)
