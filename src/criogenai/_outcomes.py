@@ -15,6 +15,7 @@ from ._wire import OnToolException, ToolStatus
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, slots=True)
 class CallReport:
     """What a finished call's task returns to Celery's hooks (``task_postrun``) when the ledger

@@ -8,6 +8,11 @@
    and raises AttributeError, which Celery treats as unrecoverable: the worker exits instead of
    reconnecting. Those messages cannot be restored anyway (the server is gone); criogenai's
    dispatcher sends lost calls again, so here the failure is logged and the worker reconnects.
+
+Lighter: one Redis client per channel; messages popped up to the prefetch window in one BLMPOP
+and their unacknowledged entries written in one round trip; that bookkeeping as plain commands on
+a connection of the QoS's own. Each step writes kombu's own keys and entries, and gives way to
+kombu's code when a ``global_keyprefix`` is set.
 """
 
 from __future__ import annotations
