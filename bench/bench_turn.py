@@ -104,6 +104,7 @@ class Bench:
         from criogenai.tools import ToolRegistry
 
         self.rounds, self.quick = rounds, quick
+        self.latency_cpu: dict[str, float] = {}
         self.group, self.plain = group, plain_celery
         self.registry = ToolRegistry.from_modules(["bench.noop_tools"])
         self.dispatcher = Dispatcher(self.registry, settings=Settings(broker_url=URL),
@@ -139,12 +140,15 @@ class Bench:
             self.crg_turn(10)
             self.celery_turn(10)
 
-    def latency(self) -> dict[str, dict[str, float]]:
-        """Turns of 1, 10 and 50 calls, both engines in shuffled interleaved rounds."""
+    def latency(self, sizes: tuple[int, ...], workers: dict[str, int]) -> dict[str, dict[str, float]]:
+        """Turns of 1, 10 and 50 calls, both engines in shuffled interleaved rounds; each worker's
+        CPU over those rounds goes to ``self.latency_cpu``."""
         latency: dict[str, dict[str, float]] = {}
-        for n in (1, 10, 50):
+        self.latency_cpu = dict.fromkeys(workers, 0.0)
+        for n in sizes:
             rounds = self.rounds if n < 50 else max(5, self.rounds // 4)
             samples: dict[str, list[float]] = {"criogenai": [], "celery get(interval=0)": []}
+            cpu0 = {k: cpu_secs(pid) for k, pid in workers.items()}
             for _ in range(rounds):
                 order = list(samples)
                 random.shuffle(order)
@@ -152,6 +156,8 @@ class Bench:
                     t0 = time.perf_counter()
                     self.crg_turn(n) if name == "criogenai" else self.celery_turn(n)
                     samples[name].append((time.perf_counter() - t0) * 1000)
+            for k, pid in workers.items():
+                self.latency_cpu[k] += cpu_secs(pid) - cpu0[k]
             if n == 10:
                 samples["celery get() default"] = []
                 for _ in range(5 if self.quick else 10):
@@ -235,6 +241,9 @@ def main() -> None:
     ap.add_argument("--throughput", type=int, default=5000)
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "turn.json"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that the script runs")
+    ap.add_argument("--sizes", default="1,10,50", help="turn sizes for the latency part")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="only the latency part, with each worker's CPU per call: a quick A/B of a change")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.throughput = 5, 200
@@ -254,16 +263,21 @@ def main() -> None:
     try:
         bench = Bench(args.rounds, args.quick)
         bench.warm_up()
-        out["latency"] = bench.latency()
-        out["throughput"] = bench.throughput(args.throughput, {k: w.pid for k, w in workers.items()})
-        out["concurrent_100x10_calls_per_s"] = bench.concurrent()
-        bench.dispatcher.close()
-        out["embedded"] = bench.embedded()
-        out["memory_mib"] = {
-            "criogenai_worker": peak_rss_mib(workers["criogenai"].pid),
-            "celery_worker": peak_rss_mib(workers["celery"].pid),
-            "dispatcher_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        }
+        sizes = tuple(int(n) for n in args.sizes.split(","))
+        out["latency"] = bench.latency(sizes, {k: w.pid for k, w in workers.items()})
+        out["latency_worker_cpu_secs"] = bench.latency_cpu
+        if not args.latency_only:
+            out["throughput"] = bench.throughput(args.throughput, {k: w.pid for k, w in workers.items()})
+            out["concurrent_100x10_calls_per_s"] = bench.concurrent()
+            bench.dispatcher.close()
+            out["embedded"] = bench.embedded()
+            out["memory_mib"] = {
+                "criogenai_worker": peak_rss_mib(workers["criogenai"].pid),
+                "celery_worker": peak_rss_mib(workers["celery"].pid),
+                "dispatcher_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        else:
+            bench.dispatcher.close()
     finally:
         for w in workers.values():
             try:
@@ -275,10 +289,14 @@ def main() -> None:
         redis_proc.wait(5)
         shutil.rmtree(tmp, ignore_errors=True)
 
+    finish(out, args.json)
+
+
+def finish(out: dict[str, Any], path: str) -> None:
     report(out)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2))
-    print(f"\nJSON written to {args.json}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=2))
+    print(f"\nJSON written to {path}")
 
 
 def report(out: dict[str, Any]) -> None:
@@ -286,7 +304,7 @@ def report(out: dict[str, Any]) -> None:
     print(f"\nTurn latency, ms ({out['rounds']} interleaved rounds; "
           "ratio = criogenai / celery get(interval=0))")
     print(f"{'calls':>5} | {'engine':<24} | {'p50':>8} | {'p99':>8} | {'p50 ratio':>9} | {'p99 ratio':>9}")
-    for n in (1, 10, 50):
+    for n in sorted({int(k.split(":")[0]) for k in lat}):
         base = lat[f"{n}:celery get(interval=0)"]
         for name in ("criogenai", "celery get(interval=0)", "celery get() default"):
             row = lat.get(f"{n}:{name}")
@@ -294,6 +312,11 @@ def report(out: dict[str, Any]) -> None:
                 continue
             print(f"{n:>5} | {name:<24} | {row['p50_ms']:8.2f} | {row['p99_ms']:8.2f} | "
                   f"{row['p50_ms'] / base['p50_ms']:9.2f} | {row['p99_ms'] / base['p99_ms']:9.2f}")
+    cpu = out["latency_worker_cpu_secs"]
+    ratio = cpu["criogenai"] / cpu["celery"]
+    print(f"  worker CPU during the latency part, criogenai / celery: {ratio:.2f}x")
+    if "throughput" not in out:
+        return
     tp = out["throughput"]
     c, g = tp["celery"], tp["criogenai"]
     print("\nThroughput (calls/s) and client CPU per call (µs)")
