@@ -389,3 +389,76 @@ def test_with_a_kombu_global_key_prefix_the_transport_keeps_kombus_own_bookkeepi
         got[2][1].ack()
     for k in db.scan_iter(f"{prefix}*"):
         db.delete(k)
+
+
+def test_a_popped_message_whose_body_cannot_be_decoded_is_refused_and_the_rest_are_delivered(
+    redis_up: None,
+) -> None:
+    from kombu import Consumer, Queue
+
+    from criogenai.dispatcher._publish import RedisPublisher
+    from criogenai.worker._transport import TRANSPORT
+
+    db = redis.Redis.from_url(fleet_url())
+    queue = f"batch-{key()}"
+    app = create_app(Settings(broker_url=fleet_url()))
+    publisher = RedisPublisher(app, db)
+    calls = [
+        ToolTask(run_id="r", call=ToolCall(id=f"c{i}", name="echo", arguments={"text": str(i)}),
+                 timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
+                 jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
+                 deadline=time.time() + 60)
+        for i in range(3)
+    ]
+    broken = json.loads(publisher.envelope(calls[1], queue))
+    broken["body"] = "!!! not base64 !!!"
+    envelopes = [publisher.envelope(calls[0], queue), json.dumps(broken), publisher.envelope(calls[2], queue)]
+    db.lpush(queue, *envelopes)
+    got = []
+    with Connection(fleet_url(), transport=TRANSPORT) as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 10, False)
+        consumer = Consumer(channel, [Queue(queue, routing_key=queue)], accept=["json"],
+                            callbacks=[lambda body, message: got.append((body, message))])
+        consumer.consume()
+        conn.drain_events(timeout=5)  # one pop takes all three; the broken one must not raise
+        assert [body[1]["task"]["call"]["id"] for body, _ in got] == ["c0", "c2"]
+        assert db.hlen("unacked") == 2, "the refused message's entry was kept (it would come back)"
+        for _, message in got:
+            message.ack()
+        assert db.hlen("unacked") == 0 and db.llen(queue) == 0
+
+
+def test_popped_messages_that_could_not_be_kept_go_back_in_their_order(redis_up: None) -> None:
+    """If writing the unacked entries of a popped batch fails, the batch is pushed back to the
+    end of the list it came from, where the next pop takes it again in the same order."""
+    from kombu import Consumer, Queue
+
+    from criogenai.dispatcher._publish import RedisPublisher
+    from criogenai.worker._transport import TRANSPORT, _decoded
+
+    db = redis.Redis.from_url(fleet_url())
+    queue = f"batch-{key()}"
+    app = create_app(Settings(broker_url=fleet_url()))
+    publisher = RedisPublisher(app, db)
+    calls = [
+        ToolTask(run_id="r", call=ToolCall(id=f"c{i}", name="echo", arguments={"text": str(i)}),
+                 timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
+                 jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
+                 deadline=time.time() + 60)
+        for i in range(4)
+    ]
+    publisher.publish([(c, queue) for c in calls])
+    popped = db.lmpop(1, queue, direction="RIGHT", count=3)  # what a pop of three takes: c0, c1, c2
+    got = []
+    with Connection(fleet_url(), transport=TRANSPORT) as conn:
+        channel = conn.channel()
+        channel._push_back(queue.encode(), _decoded(popped[1]))
+        channel.basic_qos(0, 10, False)
+        consumer = Consumer(channel, [Queue(queue, routing_key=queue)], accept=["json"],
+                            callbacks=[lambda body, message: got.append((body, message))])
+        consumer.consume()
+        conn.drain_events(timeout=5)
+        assert [body[1]["task"]["call"]["id"] for body, _ in got] == ["c0", "c1", "c2", "c3"]
+        for _, message in got:
+            message.ack()

@@ -129,3 +129,32 @@ def test_redis_older_than_7_is_refused_by_version_and_newer_servers_pass() -> No
     assert not redis_version_ok("5.0.7")
     assert redis_version_ok("7.0.0") and redis_version_ok("7.0.15") and redis_version_ok("7.2.4")
     assert redis_version_ok("8.0-rc1") and redis_version_ok("10.1.0")
+
+
+def test_a_task_returns_json_when_celery_keeps_its_result_and_a_small_report_otherwise() -> None:
+    """Celery takes a saferepr of every return value, so the task returns a small report when
+    results are ignored (the ledger writes Celery's record); a message may ask Celery to keep
+    the result, and then what it stores must be JSON. The log and metrics hooks read both."""
+    from celery import Celery
+
+    from criogenai import ToolResult
+    from criogenai._outcomes import CallReport, call_report
+    from criogenai.worker._task import _for_celery
+
+    app = Celery("t", set_as_current=False)
+
+    @app.task(ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def call() -> None: ...
+
+    result = ToolResult(call_id="c", name="echo", run_id="r", status="ok", content="x", attempts=2,
+                        duration_secs=0.25, artifact={"hidden": "y"})
+    call.push_request()
+    report = _for_celery(result, call)
+    call.pop_request()
+    assert report == CallReport("ok", 2, 0.25)
+    call.push_request(ignore_result=False)  # the message overrides the task
+    kept = _for_celery(result, call)
+    call.pop_request()
+    assert isinstance(kept, dict) and json.loads(json.dumps(kept))["content"] == "x"
+    assert "artifact" not in kept, "what return_generic hides must not reach Celery's record"
+    assert call_report(kept) == call_report(report) == CallReport("ok", 2, 0.25)

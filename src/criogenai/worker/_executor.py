@@ -152,25 +152,32 @@ class _ToolThreads:
 
     def _serve(self) -> None:
         while True:
-            try:
-                job = self._jobs.get()
-                with job.lock:
-                    job.ident = threading.get_ident()
-                    skip = job.abandoned  # its waiter gave up before a thread was free
-                if not skip:
-                    try:
-                        job.value = job.fn()
-                    except BaseException as exc:  # the caller's to judge, _TimedOut included
-                        job.error = exc
-                    with job.lock:
-                        job.finished = True
-                    _clear_raise_in_thread()  # a stop aimed at this job must not hit the next
-                    job.done.set()
-                del job
-                with self._lock:
-                    self._idle += 1
-            except (_TimedOut, _Cancelled):  # a stop that landed between jobs: nothing to stop
-                continue
+            job = self._jobs.get()
+            # Not contextlib.suppress: an async exception could land in its Python __exit__.
+            try:  # noqa: SIM105
+                self._run(job)
+            except (_TimedOut, _Cancelled):
+                pass  # a stop aimed at this job that landed after its run, before it was cleared
+            del job
+            with self._lock:
+                self._idle += 1
+
+    @staticmethod
+    def _run(job: _Job) -> None:
+        with job.lock:
+            job.ident = threading.get_ident()
+            if job.abandoned:  # its waiter gave up before a thread was free
+                return
+        try:
+            job.value = job.fn()
+        except BaseException as exc:  # the caller's to judge, _TimedOut included
+            job.error = exc
+        with job.lock:
+            job.finished = True
+        # A stop is only sent while the job is unfinished, so after this none can be pending:
+        # none can hit this thread's next job.
+        _clear_raise_in_thread()
+        job.done.set()
 
 
 _sync_pool: _ToolThreads | None = None

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from billiard.exceptions import WorkerLostError
 from celery import Celery, Task, signals
+from celery.app.task import get_actual_ignore_result
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 from pydantic import ValidationError
 
@@ -100,12 +101,12 @@ def filed_result(payload: ToolTask, outcome: Outcome, attempts: int) -> tuple[To
 _Returned = dict[str, Any] | CallReport
 
 
-def _for_celery(result: ToolResult, stored: bool) -> _Returned:
+def _for_celery(result: ToolResult, task: Task) -> _Returned:
     """What the task returns. Read by the log and metrics hooks (``task_postrun``), and stored by
-    Celery when the ledger does not write Celery's record itself (``stored``): then the result
-    without its artifact, which may hold what ``return_generic`` hides. The full result is in the
-    ledger."""
-    if stored:
+    Celery unless results are ignored (the ledger writes Celery's record itself; a message may
+    say otherwise): then the result without its artifact, which may hold what ``return_generic``
+    hides. The full result is in the ledger."""
+    if not get_actual_ignore_result(task, task.request):
         return result.model_dump(mode="json", exclude={"artifact"})
     return CallReport(result.status, result.attempts, result.duration_secs or 0.0)
 
@@ -125,8 +126,6 @@ class WorkerRuntime:
         self.on_heartbeat: BeatHook | None = None  # the tool catalog's publisher (``_catalog``)
         self.inline_sync = False
         self.token = self._new_token()
-        self._celery_stores = not ledger.stores_celery_results
-        """Celery stores what the task returns (the ledger does not write Celery's record)."""
 
     @staticmethod
     def _new_token() -> str:
@@ -164,7 +163,7 @@ class WorkerRuntime:
             result = unknown_tool_result(payload, self.registry)
             # A token no claim holds: a forged message must not drop a running call's claim.
             self.ledger.finish(result, run_id, "refused", payload.reply_to, done=True)
-            return _for_celery(result, self._celery_stores)
+            return _for_celery(result, task)
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule is the worker's too: a queue written by others cannot make it retry a
             # tool that is neither read-only nor idempotent.
@@ -283,7 +282,7 @@ class WorkerRuntime:
                            delivery_tag=tag)
         if tag is not None and self.ledger.broker_acks:
             acked_with_result(tag)
-        return _for_celery(result, self._celery_stores)
+        return _for_celery(result, task)
 
     def on_process_failure(self, exc: BaseException, kwargs: dict[str, Any] | None) -> None:
         """In the main process: a call's process died (worker lost) or was killed at its hard limit."""

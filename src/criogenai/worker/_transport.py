@@ -74,16 +74,16 @@ class QoS(_RedisQoS):
             conn = self._crg_conn = self.channel.client.connection_pool.make_connection()
         try:
             conn.send_packed_command(conn.pack_commands(commands))
-            failed = None
             for _ in commands:
-                reply = conn.read_response()
-                if isinstance(reply, Exception):
-                    failed = reply
-            if failed is not None:
-                raise failed
+                conn.read_response()  # raises on an error reply
         except BaseException:
             conn.disconnect()  # a half-read reply must not be taken for the next one's
             raise
+
+    def drop_kept(self, delivery_tag: str) -> None:
+        """Remove a kept entry whose message was refused: it must not be restored."""
+        self._kept.discard(delivery_tag)
+        self._send([("ZREM", self.unacked_index_key, delivery_tag), ("HDEL", self.unacked_key, delivery_tag)])
 
     def forget_kept(self, messages: list[tuple[dict[str, Any], str]]) -> None:
         self._kept.difference_update(payload["properties"]["delivery_tag"] for payload, _ in messages)
@@ -190,24 +190,58 @@ class Channel(_RedisChannel):
                 raise
             if not popped:
                 raise Empty()
-            dest = _text(popped[0]).rsplit(self.sep, 1)[0]
+            key, items = popped
+            dest = _text(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
-            messages = _decoded(popped[1])
+            messages = _decoded(items)
             if not messages:
                 raise Empty()
             # Every popped message is kept as unacknowledged before any is handed on, in one
-            # round trip: one that fails to be delivered is still restored later.
-            self.qos.keep_unacked(messages)
+            # round trip; if that fails they go back where they were.
             try:
-                for payload, _ in messages:
-                    self.connection._deliver(payload, dest)
-            finally:
-                self.qos.forget_kept(messages)  # any not handed on (its entry stays, to be restored)
+                self.qos.keep_unacked(messages)
+            except Exception:
+                self._push_back(key, messages)
+                raise
+            self._hand_on(messages, dest)
             return True
         finally:
             self._in_poll = None
             self._crg_batch = False
             self._flush_brpop_reauth()
+
+
+    def _hand_on(self, messages: list[tuple[dict[str, Any], str]], dest: str) -> None:
+        """Deliver each popped message. One that kombu cannot take (a body it cannot decode) is
+        refused and its entry removed, as a single pop would; on any other failure, the messages
+        not yet handed on go back to their queue."""
+        done = 0
+        try:
+            for payload, _ in messages:
+                try:
+                    self.connection._deliver(payload, dest)
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    _refused_entry(exc)
+                    self.qos.drop_kept(payload["properties"]["delivery_tag"])
+                done += 1
+        except BaseException:
+            for payload, _ in messages[done:]:
+                try:
+                    self.qos.restore_by_tag(payload["properties"]["delivery_tag"], leftmost=True)
+                except Exception:  # left in the unacked set: restored after the visibility timeout
+                    log.warning("could not put a popped message back on its queue", exc_info=True)
+            raise
+        finally:
+            self.qos.forget_kept(messages)
+
+    def _push_back(self, key: bytes, messages: list[tuple[dict[str, Any], str]]) -> None:
+        """Return popped messages to the right end of their list, in their order."""
+        try:
+            with self.conn_or_acquire() as client:
+                client.rpush(key, *reversed([text for _, text in messages]))
+        except Exception:
+            log.error("lost %d popped message(s): they could be neither kept nor put back "
+                      "(their calls are sent again by their dispatchers)", len(messages), exc_info=True)
 
 
 def _refused_entry(exc: Exception) -> None:
