@@ -192,16 +192,12 @@ UNACKED_KEY, UNACKED_INDEX_KEY = "unacked", "unacked_index"
 
 def _celery_meta(tid: str, result: ToolResult) -> str:
     """Celery's SUCCESS record for a call: the result without its artifact (never for models or
-    other readers of the backend: it may hold what ``return_generic`` hides)."""
-    return json.dumps(
-        {
-            "status": "SUCCESS",
-            "result": result.model_dump(mode="json", exclude={"artifact"}),
-            "traceback": None,
-            "children": [],
-            "date_done": datetime.now(UTC).isoformat(),
-            "task_id": tid,
-        }
+    other readers of the backend: it may hold what ``return_generic`` hides). Written as text
+    around pydantic's own JSON of the result: this runs for every call."""
+    done = datetime.now(UTC).isoformat()
+    return (
+        f'{{"status":"SUCCESS","result":{result.model_dump_json(exclude={"artifact"})},'
+        f'"traceback":null,"children":[],"date_done":"{done}","task_id":{json.dumps(tid)}}}'
     )
 
 
