@@ -462,3 +462,28 @@ def test_popped_messages_that_could_not_be_kept_go_back_in_their_order(redis_up:
         assert [body[1]["task"]["call"]["id"] for body, _ in got] == ["c0", "c1", "c2", "c3"]
         for _, message in got:
             message.ack()
+
+
+@pytest.mark.parametrize("store", ["redis", "memory"])
+def test_a_monitor_pass_sees_every_runs_finished_and_running_calls_at_once(
+    redis_up: None, store: str
+) -> None:
+    from criogenai import ToolResult
+    from criogenai.worker._ledger import MemoryLedger, RedisLedger
+
+    ledger = RedisLedger(fleet_url()) if store == "redis" else MemoryLedger()
+    a, b = f"run-a-{key()}", f"run-b-{key()}"
+    done = ToolResult(call_id="c1", name="echo", run_id=a, status="ok", content="x")
+    assert ledger.claim(a, "c1", "tok", time.time() + 60).kind == "claimed"
+    assert ledger.finish(done, a, "tok", None, done=True)
+    assert ledger.claim(b, "c2", "tok", time.time() + 60).kind == "claimed"
+
+    looks = ledger.look({a: ["c1", "c3"], b: ["c2"]})
+
+    assert looks[a].finished == {"c1": done}
+    assert looks[a].progress["c3"].state == "none" and looks[a].progress["c3"].starts == 0
+    assert looks[b].finished == {}
+    assert looks[b].progress["c2"].state == "running" and looks[b].progress["c2"].starts == 1
+    for run, ids in ((a, ["c1", "c3"]), (b, ["c2"])):  # the same as asking run by run
+        assert looks[run].finished == ledger.finished(run, ids)
+        assert looks[run].progress == ledger.progress(run, ids)

@@ -359,10 +359,9 @@ class Engine:
         for (run_id, call_id), p in due:
             by_run[run_id].append((call_id, p))
         live = self._watch_workers({p.send.queue for _, p in due}, now)
+        looks = self.ledger.look({run_id: [cid for cid, _ in items] for run_id, items in by_run.items()})
         for run_id, items in by_run.items():
-            ids = [cid for cid, _ in items]
-            found = self.ledger.finished(run_id, ids)
-            progress = self.ledger.progress(run_id, ids)
+            found, progress = looks[run_id].finished, looks[run_id].progress
             for cid, p in items:
                 p.next_check = now + p.interval
                 p.interval = min(p.interval * 2, self._max_interval)

@@ -46,6 +46,14 @@ class Progress:
 
 
 @dataclass(frozen=True, slots=True)
+class Look:
+    """One run's calls as a monitor sees them: finished ones, and the progress of every one."""
+
+    finished: dict[str, ToolResult]
+    progress: dict[str, Progress]
+
+
+@dataclass(frozen=True, slots=True)
 class Renewal:
     """What one round of lease renewal learned: (run, call) pairs."""
 
@@ -105,6 +113,10 @@ class Ledger(Protocol):
 
     def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]: ...
     def progress(self, run_id: str, call_ids: list[str]) -> dict[str, Progress]: ...
+    def look(self, calls: dict[str, list[str]]) -> dict[str, Look]:
+        """``finished`` and ``progress`` of many runs' calls at once (a monitor's pass)."""
+        ...
+
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]: ...
     def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None: ...
     def live_workers(self, queue: str) -> list[str]: ...
@@ -199,6 +211,26 @@ def _celery_meta(tid: str, result: ToolResult) -> str:
         f'{{"status":"SUCCESS","result":{result.model_dump_json(exclude={"artifact"})},'
         f'"traceback":null,"children":[],"date_done":"{done}","task_id":{json.dumps(tid)}}}'
     )
+
+
+def _finished(call_ids: list[str], raw: list[bytes | None]) -> dict[str, ToolResult]:
+    """The results among an HMGET of the results hash."""
+    return {
+        cid: ToolResult.model_validate_json(v) for cid, v in zip(call_ids, raw, strict=True) if v is not None
+    }
+
+
+def _progress(call_ids: list[str], raw: list[bytes | None]) -> dict[str, Progress]:
+    """Progress from an MGET of the calls' claims, then their start counts."""
+    n = len(call_ids)
+    out: dict[str, Progress] = {}
+    for i, cid in enumerate(call_ids):
+        held, starts = raw[i], raw[n + i]
+        state: Literal["none", "running", "waiting_retry"] = "none"
+        if held is not None:
+            state = "running" if held.startswith(b"run:") else "waiting_retry"
+        out[cid] = Progress(state, int(starts or 0))
+    return out
 
 
 class _HotScripts:
@@ -385,29 +417,35 @@ class RedisLedger:
     def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         if not call_ids:
             return {}
-        raw = self.client.hmget(self.keys.results(run_id), call_ids)
-        return {
-            cid: ToolResult.model_validate_json(v)
-            for cid, v in zip(call_ids, raw, strict=True)
-            if v is not None
-        }
+        raw = cast(list[bytes | None], self.client.hmget(self.keys.results(run_id), call_ids))
+        return _finished(call_ids, raw)
 
     def progress(self, run_id: str, call_ids: list[str]) -> dict[str, Progress]:
         if not call_ids:
             return {}
         # One MGET (the keys share the run's hash tag): a monitor looks at thousands of calls.
-        n = len(call_ids)
-        keys = [self.keys.claim(run_id, c) for c in call_ids]
-        keys += [self.keys.starts(run_id, c) for c in call_ids]
-        raw = cast(list[bytes | None], self.client.mget(keys))
-        out: dict[str, Progress] = {}
-        for i, cid in enumerate(call_ids):
-            held, starts = raw[i], raw[n + i]
-            state: Literal["none", "running", "waiting_retry"] = "none"
-            if held is not None:
-                state = "running" if held.startswith(b"run:") else "waiting_retry"
-            out[cid] = Progress(state, int(starts or 0))
-        return out
+        raw = cast(list[bytes | None], self.client.mget(self._progress_keys(run_id, call_ids)))
+        return _progress(call_ids, raw)
+
+    def look(self, calls: dict[str, list[str]]) -> dict[str, Look]:
+        # One round trip for every run: with many small turns in flight, a round trip or two per
+        # run and pass was most of a dispatcher's monitoring cost.
+        runs = [(run_id, ids) for run_id, ids in calls.items() if ids]
+        if not runs:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for run_id, ids in runs:
+            pipe.hmget(self.keys.results(run_id), ids)
+            pipe.mget(self._progress_keys(run_id, ids))
+        raw = pipe.execute()
+        return {
+            run_id: Look(_finished(ids, raw[2 * i]), _progress(ids, raw[2 * i + 1]))
+            for i, (run_id, ids) in enumerate(runs)
+        }
+
+    def _progress_keys(self, run_id: str, call_ids: list[str]) -> list[str]:
+        k = self.keys
+        return [k.claim(run_id, c) for c in call_ids] + [k.starts(run_id, c) for c in call_ids]
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
         # The hottest command of a dispatcher (one per batch of results): sent on a connection
@@ -580,6 +618,9 @@ class MemoryLedger:
                     state = "running" if held.startswith("run:") else "waiting_retry"
                 out[cid] = Progress(state, self._starts.get((run_id, cid), 0))
         return out
+
+    def look(self, calls: dict[str, list[str]]) -> dict[str, Look]:
+        return {run: Look(self.finished(run, ids), self.progress(run, ids)) for run, ids in calls.items()}
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
         with self._lock:
