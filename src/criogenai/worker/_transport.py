@@ -213,7 +213,6 @@ class Channel(_RedisChannel):
             self._crg_batch = False
             self._flush_brpop_reauth()
 
-
     def _hand_on(self, messages: list[tuple[dict[str, Any], str]], dest: str) -> None:
         """Deliver each popped message. One that kombu cannot take (a body it cannot decode) is
         refused and its entry removed, as a single pop would; on any other failure, the messages
