@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -33,6 +34,29 @@ pytestmark = pytest.mark.fault
 @pytest.fixture(autouse=True)
 def _clean_fleet_db(redis_up: None) -> None:
     redis.Redis.from_url(fleet_url()).flushdb()
+
+
+def _task(call: ToolCall) -> ToolTask:
+    """A message body for ``call`` in run "r", as a dispatcher would send it (one attempt)."""
+    return ToolTask(run_id="r", call=call, timeout_secs=5, max_attempts=1, initial_backoff_secs=0,
+                    max_backoff_secs=0, jitter=0, on_tool_exception="return_to_model",
+                    max_result_chars=100, deadline=time.time() + 60)
+
+
+def _echo_tasks(n: int) -> list[ToolTask]:
+    return [_task(ToolCall(id=f"c{i}", name="echo", arguments={"text": str(i)})) for i in range(n)]
+
+
+def _consume(channel: Any, queue: str) -> list[tuple[Any, Any]]:
+    """Consume ``queue`` on a kombu channel with a prefetch window of 10; (body, message) pairs
+    arrive in the returned list as the connection drains events."""
+    from kombu import Consumer, Queue
+
+    got: list[tuple[Any, Any]] = []
+    channel.basic_qos(0, 10, False)
+    Consumer(channel, [Queue(queue, routing_key=queue)], accept=["json"],
+             callbacks=[lambda body, message: got.append((body, message))]).consume()
+    return got
 
 
 
@@ -169,10 +193,7 @@ def test_poison_messages_are_refused_and_the_worker_keeps_serving(worker_factory
                   serializer="pickle", task_id="poison-pickle")
     app.send_task("criogenai.call", kwargs={"task": {"nonsense": True}}, queue="criogenai",
                   task_id="poison-shape")
-    good = ToolTask(run_id="r", call=ToolCall(id="x", name="count", arguments={"key": k}),
-                    timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
-                    jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
-                    deadline=time.time() + 60)
+    good = _task(ToolCall(id="x", name="count", arguments={"key": k}))
     v2 = {**good.model_dump(mode="json"), "v": 2}
     app.send_task("criogenai.call", kwargs={"task": v2}, queue="criogenai", task_id="poison-v2")
     forged = good.model_copy(update={"call": ToolCall(id="y", name="celery.backend_cleanup")})
@@ -313,29 +334,17 @@ def test_messages_a_worker_pops_together_stay_restorable_until_each_is_acknowled
     """The worker's transport pops up to its prefetch window of messages in one BLMPOP. Every
     one is kept in kombu's unacknowledged set, as kombu itself would keep it, before any is
     handed on, so a worker that dies holding them loses none."""
-    from kombu import Consumer, Queue
-
     from criogenai.dispatcher._publish import RedisPublisher
     from criogenai.worker._transport import TRANSPORT
 
     db = redis.Redis.from_url(fleet_url())
     queue = f"batch-{key()}"
     app = create_app(Settings(broker_url=fleet_url()))
-    calls = [
-        ToolTask(run_id="r", call=ToolCall(id=f"c{i}", name="echo", arguments={"text": str(i)}),
-                 timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
-                 jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
-                 deadline=time.time() + 60)
-        for i in range(5)
-    ]
+    calls = _echo_tasks(5)
     RedisPublisher(app, db).publish([(c, queue) for c in calls])
-    got = []
     with Connection(fleet_url(), transport=TRANSPORT) as conn:
         channel = conn.channel()
-        channel.basic_qos(0, 10, False)
-        consumer = Consumer(channel, [Queue(queue, routing_key=queue)], accept=["json"],
-                            callbacks=[lambda body, message: got.append((body, message))])
-        consumer.consume()
+        got = _consume(channel, queue)
         conn.drain_events(timeout=5)
         assert len(got) == 5, "the five queued messages did not come in one pop"
         assert db.llen(queue) == 0
@@ -394,8 +403,6 @@ def test_with_a_kombu_global_key_prefix_the_transport_keeps_kombus_own_bookkeepi
 def test_a_popped_message_whose_body_cannot_be_decoded_is_refused_and_the_rest_are_delivered(
     redis_up: None,
 ) -> None:
-    from kombu import Consumer, Queue
-
     from criogenai.dispatcher._publish import RedisPublisher
     from criogenai.worker._transport import TRANSPORT
 
@@ -403,24 +410,14 @@ def test_a_popped_message_whose_body_cannot_be_decoded_is_refused_and_the_rest_a
     queue = f"batch-{key()}"
     app = create_app(Settings(broker_url=fleet_url()))
     publisher = RedisPublisher(app, db)
-    calls = [
-        ToolTask(run_id="r", call=ToolCall(id=f"c{i}", name="echo", arguments={"text": str(i)}),
-                 timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
-                 jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
-                 deadline=time.time() + 60)
-        for i in range(3)
-    ]
+    calls = _echo_tasks(3)
     broken = json.loads(publisher.envelope(calls[1], queue))
     broken["body"] = "!!! not base64 !!!"
     envelopes = [publisher.envelope(calls[0], queue), json.dumps(broken), publisher.envelope(calls[2], queue)]
     db.lpush(queue, *envelopes)
-    got = []
     with Connection(fleet_url(), transport=TRANSPORT) as conn:
         channel = conn.channel()
-        channel.basic_qos(0, 10, False)
-        consumer = Consumer(channel, [Queue(queue, routing_key=queue)], accept=["json"],
-                            callbacks=[lambda body, message: got.append((body, message))])
-        consumer.consume()
+        got = _consume(channel, queue)
         conn.drain_events(timeout=5)  # one pop takes all three; the broken one must not raise
         assert [body[1]["task"]["call"]["id"] for body, _ in got] == ["c0", "c2"]
         assert db.hlen("unacked") == 2, "the refused message's entry was kept (it would come back)"
@@ -432,8 +429,6 @@ def test_a_popped_message_whose_body_cannot_be_decoded_is_refused_and_the_rest_a
 def test_popped_messages_that_could_not_be_kept_go_back_in_their_order(redis_up: None) -> None:
     """If writing the unacked entries of a popped batch fails, the batch is pushed back to the
     end of the list it came from, where the next pop takes it again in the same order."""
-    from kombu import Consumer, Queue
-
     from criogenai.dispatcher._publish import RedisPublisher
     from criogenai.worker._transport import TRANSPORT, _decoded
 
@@ -441,23 +436,13 @@ def test_popped_messages_that_could_not_be_kept_go_back_in_their_order(redis_up:
     queue = f"batch-{key()}"
     app = create_app(Settings(broker_url=fleet_url()))
     publisher = RedisPublisher(app, db)
-    calls = [
-        ToolTask(run_id="r", call=ToolCall(id=f"c{i}", name="echo", arguments={"text": str(i)}),
-                 timeout_secs=5, max_attempts=1, initial_backoff_secs=0, max_backoff_secs=0,
-                 jitter=0, on_tool_exception="return_to_model", max_result_chars=100,
-                 deadline=time.time() + 60)
-        for i in range(4)
-    ]
+    calls = _echo_tasks(4)
     publisher.publish([(c, queue) for c in calls])
     popped = db.lmpop(1, queue, direction="RIGHT", count=3)  # what a pop of three takes: c0, c1, c2
-    got = []
     with Connection(fleet_url(), transport=TRANSPORT) as conn:
         channel = conn.channel()
         channel._push_back(queue.encode(), _decoded(popped[1]))
-        channel.basic_qos(0, 10, False)
-        consumer = Consumer(channel, [Queue(queue, routing_key=queue)], accept=["json"],
-                            callbacks=[lambda body, message: got.append((body, message))])
-        consumer.consume()
+        got = _consume(channel, queue)
         conn.drain_events(timeout=5)
         assert [body[1]["task"]["call"]["id"] for body, _ in got] == ["c0", "c1", "c2", "c3"]
         for _, message in got:

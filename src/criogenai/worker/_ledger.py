@@ -233,30 +233,36 @@ def _progress(call_ids: list[str], raw: list[bytes | None]) -> dict[str, Progres
     return out
 
 
-class _HotScripts:
-    """Runs the per-call scripts (claim, finish) on a connection of the calling thread's own.
+class _ThreadConnection:
+    """A connection of the calling thread's own from a client's pool, made again in a forked
+    child (which must not share its parent's socket). For the hottest commands: redis-py's
+    client takes a pooled connection and polls it for stale data on every command, which costs
+    more CPU than the command itself (about 40 of 57 us for a GET)."""
 
-    redis-py's client takes a pooled connection and polls it for stale data on every command,
-    which costs more CPU than the command itself (about 40 of 57 us for a GET). These two run
-    for every call, so they skip that layer; a lost connection is made again and the script
-    sent again, as the client's own retries would.
-    """
+    def __init__(self, client: redis.Redis) -> None:
+        self._pool = client.connection_pool
+        self._local = threading.local()
+
+    def get(self) -> Any:  # redis-py's Connection, whose methods are untyped
+        pid, conn = getattr(self._local, "conn", (None, None))
+        if conn is None or pid != os.getpid():
+            conn = self._pool.make_connection()
+            self._local.conn = (os.getpid(), conn)
+        return conn
+
+
+class _HotScripts:
+    """Runs the per-call scripts (claim, finish) on a ``_ThreadConnection``; a lost connection is
+    made again and the script sent again, as the client's own retries would."""
 
     _RETRY_DELAYS = (0.05, 0.25, 1.0, None)
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._local = threading.local()
-
-    def _connection(self) -> Any:  # redis-py's Connection, whose methods are untyped
-        pid, conn = getattr(self._local, "conn", (None, None))
-        if conn is None or pid != os.getpid():  # a forked child must not share its parent's socket
-            conn = self._client.connection_pool.make_connection()
-            self._local.conn = (os.getpid(), conn)
-        return conn
+        self._connection = _ThreadConnection(client)
 
     def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
-        conn = self._connection()
+        conn = self._connection.get()
         for delay in self._RETRY_DELAYS:
             try:
                 try:
@@ -309,7 +315,7 @@ class RedisLedger:
         self.client = redis.Redis.from_url(url, socket_timeout=10, **common)
         # Blocking pops get their own pool, with a socket timeout longer than any block.
         self._blocking = redis.Redis.from_url(url, socket_timeout=30, **common)
-        self._local = threading.local()
+        self._replies = _ThreadConnection(self._blocking)
         self._claim = self.client.register_script(_CLAIM)
         self._renew = self.client.register_script(_RENEW)
         self._await_retry = self.client.register_script(_AWAIT_RETRY)
@@ -448,11 +454,8 @@ class RedisLedger:
         return [k.claim(run_id, c) for c in call_ids] + [k.starts(run_id, c) for c in call_ids]
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
-        # The hottest command of a dispatcher (one per batch of results): sent on a connection
-        # of the calling thread's own, without the client's per-command pool and retry layers.
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._blocking.connection_pool.make_connection()
+        # The hottest command of a dispatcher (one per batch of results).
+        conn = self._replies.get()
         try:
             conn.send_command("BLMPOP", timeout_secs, 1, reply_to, "LEFT", "COUNT", 512)
             popped = conn.read_response()

@@ -55,6 +55,12 @@ def acked_with_result(delivery_tag: str) -> None:
 class QoS(_RedisQoS):
     """kombu's Redis QoS, writing the same unacked entries with fewer round trips."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._conn: Any = None  # a connection of this QoS's own (the event loop's thread only)
+        self._kept: set[str] = set()
+        """Delivery tags whose unacked entries ``keep_unacked`` already wrote."""
+
     def keep_unacked(self, messages: list[tuple[dict[str, Any], str]]) -> None:
         """kombu's unacked bookkeeping for a batch of popped messages, in one round trip; their
         ``append`` then only does the in-memory part. Each entry holds the message's own text."""
@@ -71,9 +77,9 @@ class QoS(_RedisQoS):
         self._kept.update(payload["properties"]["delivery_tag"] for payload, _ in messages)
 
     def _send(self, commands: list[tuple[Any, ...]]) -> None:
-        conn = self.__dict__.get("_crg_conn")
-        if conn is None:
-            conn = self._crg_conn = self.channel.client.connection_pool.make_connection()
+        if self._conn is None:
+            self._conn = self.channel.client.connection_pool.make_connection()
+        conn = self._conn
         try:
             conn.send_packed_command(conn.pack_commands(commands))
             for _ in commands:
@@ -90,15 +96,6 @@ class QoS(_RedisQoS):
     def forget_kept(self, messages: list[tuple[dict[str, Any], str]]) -> None:
         """A batch was handed on: tags ``append`` did not see (a message not delivered) go."""
         self._kept.difference_update(payload["properties"]["delivery_tag"] for payload, _ in messages)
-
-    @property
-    def _kept(self) -> set[str]:
-        """Delivery tags whose unacked entries ``keep_unacked`` already wrote."""
-        kept: set[str] | None = self.__dict__.get("_crg_kept")
-        if kept is None:
-            kept = set()
-            self._crg_kept = kept
-        return kept
 
     def append(self, message: Any, delivery_tag: str) -> None:
         """kombu's unacked bookkeeping (ZADD to the index, HSET of the message), the same two
@@ -144,6 +141,9 @@ class QoS(_RedisQoS):
 
 class Channel(_RedisChannel):
     QoS = QoS
+    _crg_client: Any = None
+    _crg_batch = False
+    """The pop in flight is a batched BLMPOP (``_brpop_start``), not kombu's BRPOP."""
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -151,9 +151,9 @@ class Channel(_RedisChannel):
         # for the unacked bookkeeping and the ack: a third of the worker's CPU on small calls. A
         # client is a thread-safe facade over the channel's pool, so one serves every caller.
         if client is None:
-            client = self.__dict__.get("_crg_client")
-            if client is None:
-                client = self._crg_client = self._create_client()
+            if self._crg_client is None:
+                self._crg_client = self._create_client()
+            client = self._crg_client
         yield client
 
     def _brpop_start(self, timeout: Any = None) -> None:
@@ -179,7 +179,7 @@ class Channel(_RedisChannel):
         return None
 
     def _brpop_read(self, **options: Any) -> bool:
-        if not self.__dict__.get("_crg_batch"):
+        if not self._crg_batch:
             try:
                 return bool(super()._brpop_read(**options))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
