@@ -20,6 +20,8 @@ import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
+PYTHONPATH = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
+"""What subprocesses the tests start import from: this checkout's code, whatever is installed."""
 REDIS_BASE = os.environ.get("CRIOGENAI_TEST_REDIS", "redis://127.0.0.1:6379")
 FLEET_DB = int(os.environ.get("CRIOGENAI_TEST_DB", "12"))  # one database per concurrent test run
 os.environ.setdefault("CRIOGENAI_TEST_COUNTER_URL", f"{REDIS_BASE}/{FLEET_DB}")
@@ -80,7 +82,7 @@ def start_worker(
         "CRIOGENAI_BROKER_URL": url,
         "CRIOGENAI_TEST_COUNTER_URL": url,
         "CRIOGENAI_LEASE_SECS": str(lease_secs),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": PYTHONPATH,
         **(extra_env or {}),
     }
     argv = [sys.executable, "-m", "criogenai", "worker", "--tools", tools, "--pool", pool,

@@ -35,7 +35,7 @@ from criogenai import (
 )
 from criogenai.dispatcher._approvals import RedisApprovalStore
 from tests import fleet_tools
-from tests.conftest import ROOT, WorkerProcess, fleet_url, key, make_dispatcher
+from tests.conftest import PYTHONPATH, ROOT, WorkerProcess, fleet_url, key, make_dispatcher
 
 
 def approvals() -> Approvals:
@@ -44,7 +44,7 @@ def approvals() -> Approvals:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """``criogenai approvals ...`` in a process of its own, as the person on call runs it."""
-    env = {**os.environ, "CRIOGENAI_BROKER_URL": fleet_url(), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CRIOGENAI_BROKER_URL": fleet_url(), "PYTHONPATH": PYTHONPATH}
     return subprocess.run(
         [sys.executable, "-m", "criogenai", "approvals", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,

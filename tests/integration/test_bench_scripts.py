@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import PYTHONPATH, ROOT
 
 
 @pytest.mark.parametrize("script", ["bench_turn.py", "bench_validate.py"])
@@ -21,7 +21,7 @@ def test_benchmark_script_runs_and_writes_its_json(script: str, tmp_path: Path) 
         argv += ["--quick", "--json", str(out)]
     else:
         argv += ["--iterations", "200", "--define-iterations", "5", "--json", str(out)]
-    env = {**os.environ, "BENCH_REDIS_PORT": "6391", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "BENCH_REDIS_PORT": "6391", "PYTHONPATH": PYTHONPATH}
     env.pop("CRIOGENAI_BROKER_URL", None)
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

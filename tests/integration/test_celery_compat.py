@@ -18,7 +18,7 @@ from criogenai._message import send_call
 from criogenai._wire import ToolTask
 from criogenai.dispatcher._publish import RedisPublisher
 from criogenai.worker import create_app
-from tests.conftest import ROOT, WorkerProcess, fleet_url, make_dispatcher, wait_until_live
+from tests.conftest import PYTHONPATH, ROOT, WorkerProcess, fleet_url, make_dispatcher, wait_until_live
 
 QUEUE = "contract-no-worker"
 
@@ -85,7 +85,7 @@ def test_a_plain_celery_worker_command_serves_the_tools_named_in_the_environment
     # Given `celery -A criogenai.worker worker`, with the tool modules in CRIOGENAI_TOOLS
     name = "plain-celery-cmd@test"
     env = {**os.environ, "CRIOGENAI_BROKER_URL": fleet_url(), "CRIOGENAI_TOOLS": "tests.fleet_tools",
-           "CRIOGENAI_TEST_COUNTER_URL": fleet_url(), "PYTHONPATH": str(ROOT)}
+           "CRIOGENAI_TEST_COUNTER_URL": fleet_url(), "PYTHONPATH": PYTHONPATH}
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

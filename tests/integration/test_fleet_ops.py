@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from criogenai import Catalog, ConfigurationError, Dispatcher, Limits, Settings, ToolCall, ToolRegistry
-from tests.conftest import ROOT, WorkerProcess, fleet_url, make_dispatcher
+from tests.conftest import PYTHONPATH, ROOT, WorkerProcess, fleet_url, make_dispatcher
 
 Factory = Callable[..., WorkerProcess]
 
@@ -199,7 +199,7 @@ def test_two_workers_serving_one_tool_with_different_schemas_are_reported(
     (tmp_path / "echo_v2.py").write_text(ECHO_V2)
     old = worker_factory(queues="criogenai")
     new = worker_factory(
-        queues="criogenai", tools="echo_v2", extra_env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+        queues="criogenai", tools="echo_v2", extra_env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{PYTHONPATH}"}
     )
     catalog = wait_for_catalog(["echo"], workers=2)
     hashes = {e.worker: e.schema_hash for e in catalog.read(["echo"])["echo"]}

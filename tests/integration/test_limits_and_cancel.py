@@ -20,7 +20,7 @@ import redis
 
 from criogenai import Limits, ToolCall
 from tests import fleet_tools
-from tests.conftest import ROOT, fleet_url, key, make_dispatcher, wait_for
+from tests.conftest import PYTHONPATH, ROOT, fleet_url, key, make_dispatcher, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +122,7 @@ def test_a_dead_dispatchers_places_come_back(worker_factory) -> None:
         f"d.run_turn_sync([ToolCall(id=f'h{{i}}', name='gauge', arguments={{'key': {k!r}, 'seconds': 30}})"
         " for i in range(2)])\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     agent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env)
     try:
         wait_for(lambda: fleet_tools.runs(k) == 2, what="the holder's calls to start")
@@ -203,7 +203,7 @@ def test_the_cli_cancels_a_run_another_process_is_running(worker_factory) -> Non
     with make_dispatcher() as d, concurrent.futures.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(d.run_turn_sync, _running_and_queued(slow, queued), run_id=run_id)
         wait_for(lambda: fleet_tools.runs(slow[0]) == 1, what="the slow call to start")
-        env = {**os.environ, "CRIOGENAI_BROKER_URL": fleet_url(), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "CRIOGENAI_BROKER_URL": fleet_url(), "PYTHONPATH": PYTHONPATH}
         out = subprocess.run([sys.executable, "-m", "criogenai", "cancel", run_id], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr

@@ -33,7 +33,7 @@ from criogenai._signing import sign
 from criogenai._wire import ToolTask
 from criogenai.worker import create_app
 from tests import fleet_tools, security_tools
-from tests.conftest import ROOT, OwnRedis, WorkerProcess, fleet_url, key, start_worker, wait_for
+from tests.conftest import PYTHONPATH, ROOT, OwnRedis, WorkerProcess, fleet_url, key, start_worker, wait_for
 
 SECRET = "signing-secret-for-tests-0123456789"
 TOOLS = "tests.fleet_tools,tests.security_tools"
@@ -556,7 +556,7 @@ def test_a_fleet_runs_on_a_redis_with_a_password(worker_factory, locked_redis: O
 
 def test_a_worker_with_a_wrong_password_exits_with_a_clear_error(locked_redis: OwnRedis) -> None:
     wrong = locked_redis.url.replace(f":{locked_redis.password}@", ":not-the-password@")
-    env = {**os.environ, "CRIOGENAI_BROKER_URL": wrong, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CRIOGENAI_BROKER_URL": wrong, "PYTHONPATH": PYTHONPATH}
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "criogenai", "worker", "--tools", TOOLS], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
@@ -646,7 +646,8 @@ def test_a_fleet_runs_over_tls_with_the_ca_given_in_the_url(worker_factory, tls_
 def test_a_tls_certificate_is_checked_even_when_the_url_does_not_say_how(tls_redis: TlsRedis) -> None:
     # kombu alone would connect without checking the certificate; criogenai checks it against the
     # system's CAs, which do not know the test's CA: the worker must stop and say why.
-    env = {**os.environ, "CRIOGENAI_BROKER_URL": tls_redis.url(verify_with_ca=False), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CRIOGENAI_BROKER_URL": tls_redis.url(verify_with_ca=False),
+           "PYTHONPATH": PYTHONPATH}
     proc = subprocess.run([sys.executable, "-m", "criogenai", "worker", "--tools", TOOLS], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

@@ -21,7 +21,7 @@ import pytest
 from criogenai import Retry, ToolCall, ToolResult
 from criogenai._keys import task_id
 from criogenai._tracing import SPANS_FILE_ENV
-from tests.conftest import ROOT, fleet_url, make_dispatcher
+from tests.conftest import PYTHONPATH, ROOT, fleet_url, make_dispatcher
 
 try:
     import opentelemetry.instrumentation.celery  # noqa: F401  (the worker needs it)
@@ -165,7 +165,7 @@ def test_criogenai_runs_without_the_otel_extra(redis_up: None) -> None:
     # Given a process where OpenTelemetry cannot be imported
     hide = "import sys; sys.modules['opentelemetry'] = None\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CRIOGENAI_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = PYTHONPATH
     turn = hide + (
         "from criogenai import Dispatcher, ToolCall, _tracing\n"
         "from tests.fleet_tools import echo\n"
