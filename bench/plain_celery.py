@@ -4,6 +4,7 @@ Same broker and backend, JSON, late acks and a prefetch of one, as criogenai's w
 """
 
 import os
+import time
 
 from celery import Celery
 
@@ -24,3 +25,9 @@ app.conf.update(
 @app.task(name="plain.noop")
 def noop(i: int = 0) -> int:
     return i
+
+
+@app.task(name="plain.wait")
+def wait(secs: float = 1.0) -> float:
+    time.sleep(secs)
+    return secs

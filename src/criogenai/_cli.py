@@ -34,9 +34,15 @@ def _worker(args: argparse.Namespace) -> int:
     os.environ["CRIOGENAI_TOOLS"] = ",".join(modules)
     queues = args.queues or ",".join(sorted({t.queue for t in registry}))
     app = create_app(settings, registry)
+    pool = [f"--pool={args.pool}"]
+    if args.pool == "threads":  # criogenai's pool: calls wait on one event loop, not a thread each
+        from .worker._pool import POOL
+
+        app.conf.worker_pool = POOL
+        pool = []  # Celery maps its default pool name to worker_pool; "threads" to its own
     argv = [
         "worker",
-        f"--pool={args.pool}",
+        *pool,
         f"--queues={queues}",
         f"--loglevel={args.loglevel}",
         "--without-gossip",
@@ -121,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-P",
         choices=POOLS,
         default="prefork",
-        help="prefork enforces hard time limits; threads cannot kill a sync tool",
+        help="prefork: a process per slot, hard time limits; threads: many calls per process "
+        "(async tools on one event loop, sync tools on threads; a stuck sync tool is abandoned, not killed)",
     )
     w.add_argument(
         "--queues",

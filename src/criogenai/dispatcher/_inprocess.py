@@ -4,15 +4,14 @@ It has the fleet engine's interface (``submit``, ``ledger``, ``reply_to``, ``clo
 call as a worker does, step for step: the signature check, the ledger's claim (a finished call
 never runs again), ``_executor.execute`` (time limit, sync or async, ToolError, cut, exception
 policy), retries with backoff for read-only and idempotent tools, and the result filed under its
-run. Calls run on a pool of slot threads (a sync tool on the executor's thread, an async one on its
-event loop); one more thread renews claims, starts retries when due, and gives up on calls past
-their bound, so that every call ends with a result.
+run. Calls run as greenlets on the process's event loop (an async tool awaited there, a sync one
+on a tool thread the greenlet waits for without holding one); one more thread renews claims,
+starts retries when due, and gives up on calls past their bound, so that every call ends with a result.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import heapq
 import itertools
 import json
@@ -32,6 +31,7 @@ from .._wire import ToolResult, ToolStatus, ToolTask
 from ..tools import ToolContext, ToolRegistry
 from ..worker._executor import CallStop, execute
 from ..worker._ledger import Ledger
+from ..worker._loop import GreenletRunner
 from ..worker._task import filed_result, refused_result, retry_delay, too_many_runs, unknown_tool_result
 from ._admission import Admission
 from ._engine import Send
@@ -39,8 +39,10 @@ from ._limiter import MemoryLimiter
 
 log = logging.getLogger(__name__)
 
-SLOTS = 64
-"""Calls running at once in one engine; more wait their turn, within ``queue_wait_secs``."""
+SLOTS = 1024
+"""Calls running at once in one engine; more wait their turn, within ``queue_wait_secs``. A
+running call costs a greenlet on the process loop (``worker._loop``), plus a thread while a sync
+tool runs."""
 WATCH_SECS = 1.0
 """How often the watch thread looks for calls past their bound (and renews claims)."""
 BUSY_RECHECK_SECS = 0.25
@@ -94,7 +96,7 @@ class InProcessEngine:
         self.reply_to = f"{prefix}:reply:embedded-{uuid.uuid4().hex}"
         """Carried in each call's task, as the fleet's; results come back directly, not through it."""
         self.token = f"embedded:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._slots = concurrent.futures.ThreadPoolExecutor(SLOTS, thread_name_prefix="criogenai-call")
+        self._slots = GreenletRunner(SLOTS)
         self._lock = threading.Condition()
         self._calls: set[_Call] = set()
         """Calls submitted and not answered yet (the watch gives up on them past their bound)."""
@@ -161,7 +163,7 @@ class InProcessEngine:
             stop.cancel()
 
     def _start(self, c: _Call) -> None:
-        with contextlib.suppress(RuntimeError):  # closed meanwhile: close() answers for the call
+        if not self._closed:  # else close() answers for the call
             self._slots.submit(self._run, c)
 
     # -- one call, as a worker runs it ------------------------------------------------------------
@@ -340,7 +342,6 @@ class InProcessEngine:
             self._timers.clear()
         for run_id, turn, s in self._admission.close():
             self._refuse(run_id, turn, s, "closed")
-        self._slots.shutdown(wait=False, cancel_futures=True)
         self._watcher.join(timeout=5)
         with self._lock:  # taken last: admission may have launched calls until it stopped
             left = list(self._calls)

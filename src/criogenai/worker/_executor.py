@@ -18,11 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import greenlet
+
 from .._errors import ToolError
 from .._message import hard_limit_secs
 from .._outcomes import Outcome, invalid_arguments, stopped_by_cancel, timed_out, unexpected
 from .._wire import DEFAULT_MAX_STORED_CHARS, OnToolException
 from ..tools import InvalidArguments, Tool, ToolContext, cut, to_json_text
+from . import _loop
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ class CallStop:
     def __init__(self) -> None:
         self.event = threading.Event()
         self._lock = threading.Lock()
-        self._interrupt: Callable[[], None] | None = None
+        self._interrupt: Callable[[], object] | None = None
 
     @property
     def requested(self) -> bool:
@@ -62,7 +65,7 @@ class CallStop:
             if self._interrupt is not None:
                 self._interrupt()
 
-    def arm(self, interrupt: Callable[[], None]) -> None:
+    def arm(self, interrupt: Callable[[], object]) -> None:
         with self._lock:
             self._interrupt = interrupt
             if self.event.is_set():
@@ -88,29 +91,10 @@ def _interrupt_this_thread() -> Callable[[], None]:
 
 _EXPIRED = object()
 
-
-class _LoopThread:
-    """One event loop per process, on a daemon thread, for every async tool."""
-
-    _lock = threading.Lock()
-    _instance: _LoopThread | None = None
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="criogenai-loop", daemon=True)
-        self.thread.start()
-
-    @classmethod
-    def get(cls) -> _LoopThread:
-        with cls._lock:
-            if cls._instance is None or not cls._instance.thread.is_alive():
-                cls._instance = cls()
-            return cls._instance
-
-    @classmethod
-    def forget(cls) -> None:
-        """After fork: the parent's loop thread does not exist in the child."""
-        cls._instance = None
+_RUNTIME_EXITS = (GeneratorExit, greenlet.GreenletExit)
+"""The runtime's own ways to unwind a call (a closed coroutine, a greenlet killed at exit); every
+other exception a tool raises, ``SystemExit`` and ``BaseException`` subclasses included, is the
+tool's failure, an ``exception`` outcome like any other."""
 
 
 class _Job:
@@ -121,12 +105,42 @@ class _Job:
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
-        self.done = threading.Event()
+        self.done = _Done()
         self.lock = threading.Lock()
         self.finished = self.abandoned = False
         self.ident: int | None = None
         self.value: Any = None
         self.error: BaseException | None = None
+
+
+class _Done:
+    """A job's end, set from any thread; waited on by a thread, or by a call's greenlet on the
+    process loop (``_loop.wait``), which then holds no thread while the tool runs."""
+
+    __slots__ = ("_event", "_future", "_loop")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._future: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if _loop.can_wait():
+            self._loop = asyncio.get_running_loop()
+            self._future = self._loop.create_future()
+
+    def set(self) -> None:
+        self._event.set()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    def wait(self, timeout: float) -> None:
+        if self._future is None:
+            self._event.wait(timeout)
+        elif not self._event.is_set():
+            _loop.wait(asyncio.wait([self._future], timeout=timeout))
 
 
 class _ToolThreads:
@@ -196,7 +210,7 @@ def reset_after_fork() -> None:
     """Forget the threads a forked child inherited the memory of, but not the threads."""
     global _sync_pool
     _sync_pool = None
-    _LoopThread.forget()
+    _loop.ProcessLoop.forget()
 
 
 def _raise_in_thread(ident: int, exc_type: type[BaseException]) -> None:
@@ -233,8 +247,6 @@ def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | 
 
 
 def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:
-    loop = _LoopThread.get().loop
-
     async def bounded() -> Any:
         scope = asyncio.timeout(timeout)
         try:
@@ -247,13 +259,43 @@ def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | No
         # A coroutine that swallowed its cancellation and returned anyway still ran past its limit.
         return _EXPIRED if scope.expired() else value
 
-    future = asyncio.run_coroutine_threadsafe(bounded(), loop)
+    if _loop.can_wait():
+        value = _await_on_this_loop(bounded(), timeout, stop)
+    else:
+        value = _await_from_thread(bounded(), timeout, stop)
+    if value is _EXPIRED:
+        raise _TimedOut
+    return value
+
+
+def _await_on_this_loop(coro: Any, timeout: float, stop: CallStop | None) -> Any:
+    """In a call's greenlet on the process loop: await the tool's task there, holding no thread."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(coro)
     if stop is not None:
+        stop.arm(lambda: loop.call_soon_threadsafe(task.cancel))
+    try:
+        # Bounded too: a coroutine that ignores cancellation is abandoned at the hard limit.
+        _loop.wait(asyncio.wait([task], timeout=hard_limit_secs(timeout)))
+        if not task.done():
+            task.cancel()
+            raise _TimedOut
+        if task.cancelled():
+            raise _Cancelled if stop is not None and stop.requested else _TimedOut
+        return task.result()
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        if stop is not None:
+            stop.disarm()
 
-        def cancel_task() -> None:
-            future.cancel()  # its callback cancels the coroutine's task on the loop
 
-        stop.arm(cancel_task)
+def _await_from_thread(coro: Any, timeout: float, stop: CallStop | None) -> Any:
+    """From a thread: run the tool's coroutine on the process loop and block until it ends."""
+    future = asyncio.run_coroutine_threadsafe(coro, _loop.ProcessLoop.get())
+    if stop is not None:
+        stop.arm(future.cancel)  # its callback cancels the coroutine's task on the loop
     try:
         # Bounded too: a coroutine that ignores cancellation, or blocks the loop, is abandoned.
         # (wait, not result(timeout): a TimeoutError the tool raises itself is its own exception)
@@ -261,7 +303,7 @@ def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | No
         if not done:
             future.cancel()
             raise _TimedOut
-        value = future.result()
+        return future.result()
     except concurrent.futures.CancelledError:
         if stop is not None and stop.requested:
             raise _Cancelled from None
@@ -272,9 +314,30 @@ def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | No
     finally:
         if stop is not None:
             stop.disarm()
-    if value is _EXPIRED:
-        raise _TimedOut
-    return value
+
+
+def _invoke(
+    tool: Tool[..., Any],
+    kwargs: dict[str, Any],
+    ctx: ToolContext,
+    timeout_secs: float,
+    inline_sync: bool,
+    stop: CallStop | None,
+) -> Any:
+    """The tool's return value: awaited on the process loop, run inline, or run on a tool thread."""
+    if stop is not None and stop.requested:
+        raise _Cancelled
+    if tool.is_async:
+        return _run_async(lambda: tool.invoke(kwargs, ctx), timeout_secs, stop)
+    if not inline_sync:
+        return _run_sync_on_thread(lambda: tool.invoke(kwargs, ctx), timeout_secs, stop)
+    if stop is not None:
+        stop.arm(_interrupt_this_thread())
+    try:
+        return tool.invoke(kwargs, ctx)
+    finally:
+        if stop is not None:
+            stop.disarm()
 
 
 def execute(
@@ -304,21 +367,7 @@ def execute(
     kwargs = checked.kwargs
     started = time.monotonic()
     try:
-        if stop is not None and stop.requested:
-            raise _Cancelled
-        if tool.is_async:
-            value = _run_async(lambda: tool.invoke(kwargs, ctx), timeout_secs, stop)
-        elif inline_sync:
-            if stop is not None:
-                stop.arm(_interrupt_this_thread())
-            try:
-                value = tool.invoke(kwargs, ctx)
-            finally:
-                if stop is not None:
-                    stop.disarm()
-        else:
-            value = _run_sync_on_thread(lambda: tool.invoke(kwargs, ctx), timeout_secs, stop)
-        text = to_json_text(value)
+        text = to_json_text(_invoke(tool, kwargs, ctx, timeout_secs, inline_sync, stop))
     except ToolError as exc:
         message = cut(str(exc.message), max_result_chars)
         return Outcome(
@@ -332,7 +381,9 @@ def execute(
         if stop is not None and stop.requested:
             return stopped_by_cancel(tool.name, time.monotonic() - started)
         return timed_out(tool.name, timeout_secs, time.monotonic() - started)
-    except Exception as exc:
+    except _RUNTIME_EXITS:
+        raise
+    except BaseException as exc:  # sys.exit() and other BaseExceptions included: a tool's failure
         caps = (max_result_chars, max(max_stored_chars, max_result_chars))
         return _unexpected(tool, ctx, exc, on_tool_exception, caps, time.monotonic() - started)
     body = cut(text, max_result_chars)
@@ -345,7 +396,7 @@ def execute(
 def _unexpected(
     tool: Tool[..., Any],
     ctx: ToolContext,
-    exc: Exception,
+    exc: BaseException,
     policy: OnToolException,
     caps: tuple[int, int],
     duration: float,

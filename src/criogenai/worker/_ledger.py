@@ -16,6 +16,8 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, cast
@@ -26,6 +28,7 @@ from redis.exceptions import NoScriptError
 
 from .._keys import Keys, task_id
 from .._wire import ToolResult
+from ._loop import pause
 
 ClaimKind = Literal["claimed", "done", "busy", "expired", "cancelled"]
 
@@ -233,56 +236,94 @@ def _progress(call_ids: list[str], raw: list[bytes | None]) -> dict[str, Progres
     return out
 
 
-class _ThreadConnection:
-    """A connection of the calling thread's own from a client's pool, made again in a forked
-    child (which must not share its parent's socket). For the hottest commands: redis-py's
-    client takes a pooled connection and polls it for stale data on every command, which costs
-    more CPU than the command itself (about 40 of 57 us for a GET)."""
+class _Connections:
+    """Raw connections of a client's pool, lent to one caller at a time; at most ``size`` exist
+    (a caller past that waits for one to come back), made again in a forked child (which must not
+    share its parent's sockets). For the hottest commands: redis-py's client polls a pooled
+    connection for stale data on every command, which costs more CPU than the command itself
+    (about 40 of 57 us for a GET). The bound holds however many threads call at once."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, size: int) -> None:
         self._pool = client.connection_pool
-        self._local = threading.local()
+        self._size = size
+        self._free: list[Any] = []
+        self._made = 0
+        self._pid = os.getpid()
+        self._lock = threading.Condition()
 
-    def get(self) -> Any:  # redis-py's Connection, whose methods are untyped
-        pid, conn = getattr(self._local, "conn", (None, None))
-        if conn is None or pid != os.getpid():
-            conn = self._pool.make_connection()
-            self._local.conn = (os.getpid(), conn)
-        return conn
+    @contextmanager
+    def lend(self, timeout: float = 10.0) -> Iterator[Any]:  # redis-py's Connection is untyped
+        conn = self._take(timeout)
+        try:
+            yield conn
+        except BaseException:
+            conn.disconnect()  # a half-read reply must not be taken for the next command's
+            raise
+        finally:
+            with self._lock:
+                if self._pid == os.getpid():
+                    self._free.append(conn)
+                    self._lock.notify()
+
+    def _take(self, timeout: float) -> Any:
+        if self._pid != os.getpid():  # a forked child: nothing of the parent's is its own, lock included
+            self._lock, self._free, self._made = threading.Condition(), [], 0
+            self._pid = os.getpid()
+        with self._lock:
+            full = not self._free and self._made >= self._size
+            if full and not self._lock.wait_for(lambda: bool(self._free), timeout):
+                raise redis.ConnectionError(f"no free Redis connection within {timeout:g} s")
+            if self._free:
+                return self._free.pop()
+            self._made += 1
+        return self._pool.make_connection()
 
 
 class _HotScripts:
-    """Runs the per-call scripts (claim, finish) on a ``_ThreadConnection``; a lost connection is
+    """Runs the per-call scripts (claim, finish) on lent ``_Connections``; a lost connection is
     made again and the script sent again, as the client's own retries would."""
 
     _RETRY_DELAYS = (0.05, 0.25, 1.0, None)
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._connection = _ThreadConnection(client)
+        self._connections = _Connections(client, HOT_CONNECTIONS)
 
     def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
-        conn = self._connection.get()
         for delay in self._RETRY_DELAYS:
             try:
-                try:
-                    conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                    return cast(object, conn.read_response())
-                except NoScriptError:  # the server restarted or was flushed: load it again
-                    script.sha = self._client.script_load(script.script)
-                    conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                    return cast(object, conn.read_response())
+                with self._connections.lend() as conn:
+                    try:
+                        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                        return cast(object, conn.read_response())
+                    except NoScriptError:  # the server restarted or was flushed: load it again
+                        script.sha = self._client.script_load(script.script)
+                        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                        return cast(object, conn.read_response())
             except (redis.ConnectionError, redis.TimeoutError):
-                conn.disconnect()  # a half-read reply must not be taken for the next command's
                 if delay is None:
                     raise
-                time.sleep(delay)
+                pause(delay)
         raise AssertionError("unreachable")
 
 
+HOT_CONNECTIONS = 8
+"""Connections a process's claims and filings share (a worker on criogenai's threads pool sends
+them all from its event loop's thread, so it uses one)."""
+CLIENT_CONNECTIONS = 16
+"""The cap on each redis-py client's pool: past it, a caller waits for a connection to come back
+(redis-py's own pool fails with "Too many connections")."""
 _CLAIM_CODES = {-1: Claim("done"), -2: Claim("busy"), -3: Claim("expired"), -4: Claim("cancelled")}
 REPLY_TTL_SECS = 3600
 HEARTBEAT_TTL_SECS = 15.0
+
+
+def _client(url: str, **options: Any) -> redis.Redis:
+    """A redis-py client whose pool holds at most ``CLIENT_CONNECTIONS`` and makes callers wait."""
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=CLIENT_CONNECTIONS, timeout=10, **options
+    )
+    return redis.Redis(connection_pool=pool)
 
 
 class RedisLedger:
@@ -312,10 +353,10 @@ class RedisLedger:
             socket_keepalive=True,
             retry_on_timeout=True,
         )
-        self.client = redis.Redis.from_url(url, socket_timeout=10, **common)
+        self.client = _client(url, socket_timeout=10, **common)
         # Blocking pops get their own pool, with a socket timeout longer than any block.
-        self._blocking = redis.Redis.from_url(url, socket_timeout=30, **common)
-        self._replies = _ThreadConnection(self._blocking)
+        self._blocking = _client(url, socket_timeout=30, **common)
+        self._replies = _Connections(self._blocking, 4)
         self._claim = self.client.register_script(_CLAIM)
         self._renew = self.client.register_script(_RENEW)
         self._await_retry = self.client.register_script(_AWAIT_RETRY)
@@ -455,13 +496,9 @@ class RedisLedger:
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
         # The hottest command of a dispatcher (one per batch of results).
-        conn = self._replies.get()
-        try:
+        with self._replies.lend() as conn:
             conn.send_command("BLMPOP", timeout_secs, 1, reply_to, "LEFT", "COUNT", 512)
             popped = conn.read_response()
-        except (redis.ConnectionError, redis.TimeoutError):
-            conn.disconnect()
-            raise
         if not popped:
             return []
         _key, values = popped
