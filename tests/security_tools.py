@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from criogenai import ToolError, tool
 from tests.fleet_tools import ledger
 
@@ -26,3 +28,13 @@ def lookup(order: str) -> str:
 def opaque() -> object:
     """Return a Python object that is not JSON."""
     return object()
+
+
+@tool
+def held(key: str) -> str:
+    """Count a run, then wait (up to 60 s) until the test releases the call: a call that is running."""
+    ledger().incr(f"test:runs:{key}")
+    deadline = time.monotonic() + 60
+    while not ledger().exists(f"test:release:{key}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return f"real result {key}"

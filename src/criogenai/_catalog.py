@@ -54,10 +54,19 @@ class CatalogEntry(BaseModel):
     published_at: float
     """Unix time the worker last wrote this record."""
     ttl_secs: float = Field(CATALOG_TTL_SECS, gt=0)
+    key_id: str | None = Field(None, exclude_if=lambda v: v is None)
+    """The public name of the worker's signing secret (``_signing.key_id``), None without one: a
+    dispatcher whose own differs ends its calls at once instead of waiting for them to time out.
+    Left out when None, so records stay as they were without a secret."""
 
     @classmethod
     def of(
-        cls, t: Tool[..., Any], worker: str, now: float, ttl_secs: float = CATALOG_TTL_SECS
+        cls,
+        t: Tool[..., Any],
+        worker: str,
+        now: float,
+        ttl_secs: float = CATALOG_TTL_SECS,
+        key_id: str | None = None,
     ) -> CatalogEntry:
         return cls(
             name=t.name,
@@ -72,6 +81,7 @@ class CatalogEntry(BaseModel):
             worker=worker,
             published_at=now,
             ttl_secs=ttl_secs,
+            key_id=key_id,
         )
 
     def fresh(self, now: float) -> bool:
@@ -118,13 +128,20 @@ class Catalog:
 
     # -- the worker's side ------------------------------------------------------------------------
 
-    def publish(self, worker: str, tools: Iterable[Tool[..., Any]], *, now: float | None = None) -> None:
+    def publish(
+        self,
+        worker: str,
+        tools: Iterable[Tool[..., Any]],
+        *,
+        now: float | None = None,
+        key_id: str | None = None,
+    ) -> None:
         """Write (or refresh) this worker's record of each tool."""
         now = time.time() if now is None else now
         keep = int(PRUNE_AFTER_SECS)
         pipe = self.client.pipeline(transaction=False)
         for t in tools:
-            entry = CatalogEntry.of(t, worker, now, self.ttl_secs)
+            entry = CatalogEntry.of(t, worker, now, self.ttl_secs, key_id)
             pipe.hset(self._tool(t.name), worker, entry.model_dump_json())
             pipe.expire(self._tool(t.name), keep)
             pipe.zadd(self._index(), {t.name: now})
@@ -261,6 +278,20 @@ def describe_conflict(name: str, entries: Iterable[CatalogEntry]) -> str:
     return f"tool {name!r} is served with different schemas: " + "; ".join(parts)
 
 
+def signing_mismatch(entries: Sequence[CatalogEntry], mine: str | None) -> str | None:
+    """Why no live worker in ``entries`` (one tool's records) can serve a dispatcher whose signing
+    secret's key id is ``mine``, or None when one can (or there are none to judge by)."""
+    theirs = {e.key_id for e in entries}
+    if not entries or mine in theirs:
+        return None
+    if mine is None:
+        return "its workers only run signed calls, and this dispatcher has no signing secret"
+    if theirs == {None}:
+        return ("its workers have no signing secret, so their results could not be told from "
+                "forged ones")
+    return "its workers have another signing secret (or none)"
+
+
 def _remote_only(name: str) -> Any:
     def run_on_the_fleet(**_: Any) -> NoReturn:
         raise RuntimeError(f"tool {name!r} runs on the workers; this process has only its schema")
@@ -271,10 +302,19 @@ def _remote_only(name: str) -> Any:
 class CatalogPublisher:
     """Called by a worker's heartbeat: publishes the tools of the queues it serves, or withdraws them."""
 
-    def __init__(self, catalog: Catalog, registry: ToolRegistry, refresh_secs: float = REFRESH_SECS) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        registry: ToolRegistry,
+        refresh_secs: float = REFRESH_SECS,
+        *,
+        key_id: str | None = None,
+    ) -> None:
         self.catalog = catalog
         self.registry = registry
         self.refresh_secs = refresh_secs
+        self.key_id = key_id
+        """Published with each record: the key id of the worker's signing secret."""
         self._written: dict[str, float] = {}
 
     def __call__(self, worker: str, queues: Sequence[str], stop: bool) -> None:
@@ -286,5 +326,5 @@ class CatalogPublisher:
             time.monotonic() - self._written.get(worker, -self.refresh_secs) >= self.refresh_secs
             or not self.catalog.has(worker, tools[0].name)  # Redis restarted or was flushed
         ):
-            self.catalog.publish(worker, tools)
+            self.catalog.publish(worker, tools, key_id=self.key_id)
             self._written[worker] = time.monotonic()

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from ._config import Settings
 from ._errors import ConfigurationError
+from ._signing import authentic
 from .worker._ledger import Ledger
 
 
-def full_text(ledger: Ledger, run_id: str, call_id: str) -> str:
+def full_text(ledger: Ledger, run_id: str, call_id: str, *, secret: str | None = None) -> str:
     """The full text of a finished call's result; its ``content`` when the result was not cut.
 
     Raises LookupError when no result is kept for (run_id, call_id): wrong ids, the retention ran
-    out, or the call has not finished; or when the worker that ran it kept no full text.
+    out, or the call has not finished; or when the worker that ran it kept no full text; or, with
+    a signing ``secret``, when the kept result is not one a worker signed with it.
     """
     found = ledger.finished(run_id, [call_id]).get(call_id)
     if found is None:
         raise LookupError(f"no result is kept for call {call_id!r} of run {run_id!r}")
+    if secret is not None and not authentic(found, secret, run_id, call_id):
+        raise LookupError(f"the result kept for call {call_id!r} of run {run_id!r} has no valid signature")
     if not found.truncated:
         return found.content
     full = (found.artifact or {}).get("full")
@@ -40,7 +44,7 @@ def fetch_full(run_id: str, call_id: str, *, settings: Settings | None = None) -
         )
     ledger = make_ledger(settings)
     try:
-        return full_text(ledger, run_id, call_id)
+        return full_text(ledger, run_id, call_id, secret=settings.signing_secret)
     finally:
         client = getattr(ledger, "client", None)
         if client is not None:

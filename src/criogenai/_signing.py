@@ -1,9 +1,13 @@
 """Message authenticity: a dispatcher signs each call with a shared secret; workers check it.
+Workers sign each result with the same secret; dispatchers check it.
 
-The signature is an HMAC-SHA256 over a canonical JSON of what decides what runs and how: the
+A call's signature is an HMAC-SHA256 over a canonical JSON of what decides what runs and how: the
 tool's name, the call and run ids, the arguments, the deadline, where the result goes and every
-policy field of the task. Someone who can write to Redis but does not know the secret can then
-neither forge a call nor edit one in the queue. Nothing is encrypted: arguments stay readable.
+policy field of the task. A result's signature covers every field of the result (run and call ids,
+tool, status, content, artifact, counts), under its own label (``RESULT_SCHEME``), so that a call's
+signature never passes for a result's. Someone who can write to Redis but does not know the secret
+can then neither forge or edit a call in the queue nor forge or edit a result a dispatcher reads.
+Nothing is encrypted: arguments and results stay readable.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import hmac
 import json
 from typing import Any
 
-from ._wire import ToolTask
+from ._wire import ToolResult, ToolTask
 
 SCHEME = "hmac-sha256-v1"
 """Prefix of every signature, so that a later scheme can be told apart from this one."""
@@ -83,3 +87,67 @@ def refusal(task: ToolTask, secret: str | None) -> str | None:
     if not hmac.compare_digest(expected.encode(), task.signature.encode("utf-8", "replace")):
         return "the call's signature does not match: it was altered, or signed with another secret"
     return None
+
+
+RESULT_SCHEME = "hmac-sha256-result-v1"
+"""Prefix of a result's signature, and the label its signed bytes start with: a call's signed bytes
+start with ``{``, so no call signature can be a result signature (domain separation)."""
+
+_SIGNED_RESULT_FIELDS = (
+    "v",
+    "run_id",
+    "call_id",
+    "name",
+    "status",
+    "content",
+    "artifact",
+    "attempts",
+    "truncated",
+    "duration_secs",
+    "cached",
+)
+"""Every field but the signature, named one by one for the reason given for the call's."""
+
+
+def canonical_result(result: ToolResult) -> bytes:
+    """The bytes a result's signature covers: the label, then a canonical JSON of its fields.
+
+    Built from the result as JSON text, read back (what the dispatcher reads: a NaN in an artifact
+    is already null there), sorted keys, ASCII only.
+    """
+    body = json.loads(result.model_dump_json())
+    signed = {name: body.get(name) for name in _SIGNED_RESULT_FIELDS}
+    text = json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"{RESULT_SCHEME}\n{text}".encode("ascii")
+
+
+def result_signature_of(result: ToolResult, secret: str) -> str:
+    """The signature of ``result`` under ``secret`` (its own ``signature`` field is not signed)."""
+    digest = hmac.new(secret.encode(), canonical_result(result), hashlib.sha256).hexdigest()
+    return f"{RESULT_SCHEME}:{digest}"
+
+
+def sign_result(result: ToolResult, secret: str) -> ToolResult:
+    """A copy of ``result`` carrying its signature: how a worker with a secret files every result."""
+    return result.model_copy(update={"signature": result_signature_of(result, secret)})
+
+
+def authentic(result: ToolResult, secret: str, run_id: str, call_id: str) -> bool:
+    """Whether ``result`` was signed with ``secret`` by a worker, for call ``call_id`` of ``run_id``.
+
+    The ids are where the reader found or expects it: a genuine result of another call, copied
+    under this one's ids, does not pass.
+    """
+    if not result.signature or (result.run_id, result.call_id) != (run_id, call_id):
+        return False
+    expected = result_signature_of(result, secret)
+    return hmac.compare_digest(expected.encode(), result.signature.encode("utf-8", "replace"))
+
+
+def key_id(secret: str | None) -> str | None:
+    """A short public name of ``secret`` (None for none), which workers publish in the catalog so that
+    a dispatcher with no secret or another one can tell at once instead of waiting for calls to time
+    out. It reveals nothing of the secret (an HMAC of a fixed label)."""
+    if secret is None:
+        return None
+    return hmac.new(secret.encode(), b"criogenai key id\n", hashlib.sha256).hexdigest()[:16]

@@ -83,6 +83,11 @@ class ToolResult(_Wire):
     duration_secs: float | None = None
     cached: bool = False
     """A ``before_tool`` hook (such as ``ResultCache``) answered the call; the tool did not run."""
+    signature: str | None = Field(None, exclude_if=lambda v: v is None)
+    """HMAC of the result by the worker that filed it (``criogenai._signing``), when it has a signing
+    secret; a dispatcher with the secret accepts no result without a valid one. Left out when None,
+    so results stay as they were without a secret (a reader older than this field refuses a signed
+    result: with signing on, upgrade dispatchers before workers)."""
 
     @property
     def ok(self) -> bool:

@@ -114,7 +114,12 @@ class Dispatcher:
                     app = create_app(self.settings)
                     publisher = _redis_publisher(app, self.settings)
                     self._engine = Engine(
-                        app, ledger, self.limits, prefix=self.settings.key_prefix, publisher=publisher
+                        app,
+                        ledger,
+                        self.limits,
+                        prefix=self.settings.key_prefix,
+                        publisher=publisher,
+                        signing_secret=self.settings.signing_secret,
                     )
             return self._engine
 
@@ -190,7 +195,9 @@ class Dispatcher:
         """
         from .._results import full_text
 
-        return full_text(self._start().ledger, run_id, call_id)
+        # Embedded, results never leave this process and are not signed.
+        secret = None if self.settings.embedded else self.settings.signing_secret
+        return full_text(self._start().ledger, run_id, call_id, secret=secret)
 
     def _prepare(
         self, calls: Sequence[CallLike], run_id: str | None

@@ -6,6 +6,11 @@ A monitor looks at calls that take long: it finds results whose notice was lost,
 call whose worker died (its lease ran out), and gives up on calls nobody picks up, so that every
 call ends with a result within a bound.
 
+With a signing secret, the engine accepts only results a worker signed with it (``_signing``),
+wherever it reads them (its reply list, the run's results hash); the others are anyone's and are
+dropped, and the call waits on for its real result within its usual bounds. Before publishing, it
+ends at once the calls whose live workers (as the catalog shows them) have no secret or another.
+
 Admission (``_admission``) holds back a turn's calls beyond its cap and calls over a fleet-wide
 limit. Cancelling a run makes its unstarted calls unclaimable (``abandon``) and tells its running
 ones to stop (the workers see the run's cancel mark when they renew their leases).
@@ -22,10 +27,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._catalog import Catalog, signing_mismatch
 from .._config import Limits
 from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs, send_call
 from .._outcomes import cancelled_before_start, not_admitted
+from .._signing import authentic, key_id
 from .._wire import ToolResult, ToolStatus, ToolTask
 from ..worker._ledger import Ledger, RedisLedger
 from ._admission import Admission
@@ -36,6 +43,8 @@ log = logging.getLogger(__name__)
 
 CHECK_AFTER_SECS = 1.0
 """A call is first looked at by the monitor this long after it was published, then as often."""
+SIGNERS_SECS = 5.0
+"""How long what the catalog says of a tool's workers' signing secret is taken as still true."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,10 @@ class Send:
     """The tool is read-only or idempotent: sending the call again cannot do harm."""
     gates: tuple[Gate, ...] = ()
     """Fleet-wide concurrency and rate limits the call must get a place in before it is published."""
+
+
+_Found = tuple[str, str, ToolResult]
+"""A result read from Redis, with the run id and call id it was read as."""
 
 
 @dataclass
@@ -110,8 +123,14 @@ class Engine:
         prefix: str = "crg",
         publisher: RedisPublisher | None = None,
         limiter: Limiter | None = None,
+        signing_secret: str | None = None,
     ) -> None:
         self.app = app
+        self._secret = signing_secret
+        self._key_id = key_id(signing_secret)
+        self._catalog = Catalog(ledger.client, prefix=prefix) if isinstance(ledger, RedisLedger) else None
+        self._signers: dict[str, tuple[float, str | None]] = {}
+        """Tool name → (until when, why its live workers cannot serve this engine, or None)."""
         self._fast = publisher
         self.ledger = ledger
         self.limits = limits
@@ -158,9 +177,12 @@ class Engine:
         try:
             if check_finished:
                 found = self.ledger.prepare(run_id, [s.payload.call.id for s in sends])
-                for result in found.values():
+                for _, _, result in self._authentic(
+                    [(run_id, cid, r) for cid, r in found.items()], "filed under the run"
+                ):
                     self._settle(turn, result)
-                sends = [s for s in sends if s.payload.call.id not in found]
+                sends = [s for s in sends if s.payload.call.id not in turn.results]
+            sends = self._served(run_id, turn, sends)
             if self._closed.is_set():  # close() began after this was queued: end them here
                 for s in sends:
                     self._refuse(run_id, turn, s, "closed")
@@ -302,6 +324,53 @@ class Engine:
             if now - at > 3600:
                 self._cancelled.pop(run_id, None)
 
+    # -- signing --------------------------------------------------------------------------------
+
+    def _authentic(self, found: list[_Found], where: str) -> list[_Found]:
+        """The results (with the run and call ids they were read as) a worker signed with this
+        engine's secret; all of them without a secret. The others are dropped with one warning
+        for the lot, never shown: anyone who can write to Redis can put one there."""
+        if self._secret is None:
+            return found
+        kept = [f for f in found if authentic(f[2], self._secret, f[0], f[1])]
+        if len(kept) < len(found):
+            log.warning(
+                "dropped %d result(s) %s without a valid signature (forged, or filed by a worker "
+                "without this dispatcher's signing secret); their calls wait on",
+                len(found) - len(kept),
+                where,
+            )
+        return kept
+
+    def _served(self, run_id: str, turn: _Turn, sends: list[Send]) -> list[Send]:
+        """The calls whose tool has a live worker with this engine's signing secret (or no record
+        to judge by); the others end ``not_started`` now, unsent: their workers would refuse them
+        without a word, or file results this engine must drop."""
+        if self._catalog is None or not sends:
+            return sends
+        now = time.monotonic()
+        names = {s.payload.call.name for s in sends}
+        stale = sorted(n for n in names if n not in self._signers or self._signers[n][0] <= now)
+        if stale:
+            entries = self._catalog.read(stale)
+            for name in stale:
+                why = signing_mismatch(entries.get(name, []), self._key_id)
+                if why is not None:
+                    log.error("tool %r: %s; its calls end not_started (set CRIOGENAI_SIGNING_SECRET "
+                              "to the same value on dispatchers and workers)", name, why)
+                self._signers[name] = (now + SIGNERS_SECS, why)
+        kept: list[Send] = []
+        for s in sends:
+            why = self._signers[s.payload.call.name][1]
+            if why is None:
+                kept.append(s)
+                continue
+            text = (f"Tool {s.payload.call.name!r} was not started: {why}. Set the same "
+                    "CRIOGENAI_SIGNING_SECRET on dispatchers and workers.")
+            with self._lock:
+                self._settle(turn, _ended(run_id, s.payload, "not_started", text))
+        return kept
+
     def _send(self, sends: list[Send]) -> None:
         if self._fast is not None:
             self._fast.publish([(s.payload, s.queue) for s in sends])
@@ -340,8 +409,11 @@ class Engine:
                 log.warning("cannot read results; trying again", exc_info=True)
                 self._closed.wait(0.5)
                 replies = []
-            for r in replies:
-                self._resolve(r.run_id, r)
+            if replies:
+                for run_id, _, r in self._authentic(
+                    [(r.run_id, r.call_id, r) for r in replies], "on the reply list"
+                ):
+                    self._resolve(run_id, r)
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + CHECK_AFTER_SECS / 2
@@ -360,13 +432,15 @@ class Engine:
             by_run[run_id].append((call_id, p))
         live = self._watch_workers({p.send.queue for _, p in due}, now)
         looks = self.ledger.look({run_id: [cid for cid, _ in items] for run_id, items in by_run.items()})
+        filed = [(run_id, cid, r) for run_id in by_run for cid, r in looks[run_id].finished.items()]
+        found = {(run_id, cid): r for run_id, cid, r in self._authentic(filed, "filed under their runs")}
         for run_id, items in by_run.items():
-            found, progress = looks[run_id].finished, looks[run_id].progress
+            progress = looks[run_id].progress
             for cid, p in items:
                 p.next_check = now + p.interval
                 p.interval = min(p.interval * 2, self._max_interval)
-                if cid in found:
-                    self._resolve(run_id, found[cid])
+                if (run_id, cid) in found:
+                    self._resolve(run_id, found[(run_id, cid)])
                     continue
                 self._check(run_id, p, progress[cid].state, progress[cid].starts, now, live)
 

@@ -20,6 +20,7 @@ from .._config import Settings
 from .._errors import ConfigurationError
 from .._keys import DEFAULT_QUEUE, TASK_NAME
 from .._metrics import stamp_published_calls
+from .._signing import key_id
 from ..tools import ToolRegistry
 from ._ledger import Ledger, MemoryLedger, RedisLedger
 from ._task import WorkerRuntime, register
@@ -163,6 +164,6 @@ def create_app(
         _drop_builtin_tasks(app)
         if isinstance(runtime.ledger, RedisLedger):  # a fleet: publish the tools it serves
             catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix)
-            runtime.on_heartbeat = CatalogPublisher(catalog, registry)
+            runtime.on_heartbeat = CatalogPublisher(catalog, registry, key_id=key_id(settings.signing_secret))
         app.criogenai_runtime = runtime
     return app

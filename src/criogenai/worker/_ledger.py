@@ -12,6 +12,7 @@ embedded engine (one process).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -23,12 +24,15 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, cast
 
 import redis
+from pydantic import ValidationError
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from .._keys import Keys, task_id
 from .._wire import ToolResult
 from ._loop import pause
+
+log = logging.getLogger(__name__)
 
 ClaimKind = Literal["claimed", "done", "busy", "expired", "cancelled"]
 
@@ -106,6 +110,11 @@ class Ledger(Protocol):
         call's broker message in the same round trip (when the broker is this Redis)."""
         ...
     def release(self, run_id: str, call_id: str) -> None: ...
+    def evict(self, run_id: str, call_id: str) -> None:
+        """Remove a call's filed result: one a worker with the signing secret found forged, which
+        would otherwise keep the call from running (``claim``) or its real result from being filed."""
+        ...
+
     def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         """Before (re)dispatching: the calls already finished, and lift earlier give-ups."""
         ...
@@ -216,11 +225,24 @@ def _celery_meta(tid: str, result: ToolResult) -> str:
     )
 
 
+def _parsed(raw: list[bytes]) -> list[ToolResult | None]:
+    """Stored or popped results, None for an entry that is not one: anyone who can write to Redis
+    can put text there, and one bad entry must not lose the others read with it. One warning for all."""
+    out: list[ToolResult | None] = []
+    for value in raw:
+        try:
+            out.append(ToolResult.model_validate_json(value))
+        except ValidationError:
+            out.append(None)
+    if None in out:
+        log.warning("dropped %d stored result(s) that are not criogenai v1 results", out.count(None))
+    return out
+
+
 def _finished(call_ids: list[str], raw: list[bytes | None]) -> dict[str, ToolResult]:
-    """The results among an HMGET of the results hash."""
-    return {
-        cid: ToolResult.model_validate_json(v) for cid, v in zip(call_ids, raw, strict=True) if v is not None
-    }
+    """The results among an HMGET of the results hash (or the prepare script's reply)."""
+    found = [(cid, v) for cid, v in zip(call_ids, raw, strict=True) if v]
+    return {cid: r for (cid, _), r in zip(found, _parsed([v for _, v in found]), strict=True) if r}
 
 
 def _progress(call_ids: list[str], raw: list[bytes | None]) -> dict[str, Progress]:
@@ -446,6 +468,9 @@ class RedisLedger:
     def release(self, run_id: str, call_id: str) -> None:
         self.client.delete(self.keys.claim(run_id, call_id))
 
+    def evict(self, run_id: str, call_id: str) -> None:
+        self.client.hdel(self.keys.results(run_id), call_id)
+
     def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         if not call_ids:
             return {}
@@ -453,7 +478,7 @@ class RedisLedger:
             keys=[self.keys.results(run_id), *(self.keys.claim(run_id, c) for c in call_ids)],
             args=call_ids,
         )
-        return {cid: ToolResult.model_validate_json(v) for cid, v in zip(call_ids, raw, strict=True) if v}
+        return _finished(call_ids, raw)
 
     def abandon(self, run_id: str, call_id: str, ttl_secs: float) -> bool:
         key, starts = self.keys.claim(run_id, call_id), self.keys.starts(run_id, call_id)
@@ -502,7 +527,7 @@ class RedisLedger:
         if not popped:
             return []
         _key, values = popped
-        return [ToolResult.model_validate_json(cast(bytes, v)) for v in values]
+        return [r for r in _parsed(values) if r is not None]
 
     def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -626,6 +651,10 @@ class MemoryLedger:
     def release(self, run_id: str, call_id: str) -> None:
         with self._lock:
             self._claims.pop((run_id, call_id), None)
+
+    def evict(self, run_id: str, call_id: str) -> None:
+        with self._lock:
+            self._results[run_id].pop(call_id, None)
 
     def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         with self._lock:

@@ -24,12 +24,12 @@ from .._config import backoff_secs
 from .._keys import MAX_LOST_RUNS, TASK_NAME
 from .._message import hard_limit_secs, send_call
 from .._outcomes import CallReport, Outcome, cancelled_before_start, timed_out
-from .._signing import refusal
+from .._signing import authentic, refusal, sign_result
 from .._wire import ToolResult, ToolTask
 from ..tools import ToolContext, ToolRegistry
 from . import _executor
 from ._leases import BeatHook, Heartbeat, LeaseKeeper
-from ._ledger import Ledger
+from ._ledger import Claim, Ledger
 from ._transport import acked_with_result
 
 log = logging.getLogger(__name__)
@@ -162,14 +162,14 @@ class WorkerRuntime:
                       call.name[:100])
             result = unknown_tool_result(payload, self.registry)
             # A token no claim holds: a forged message must not drop a running call's claim.
-            self.ledger.finish(result, run_id, "refused", payload.reply_to, done=True)
+            self._file(result, run_id, "refused", payload.reply_to, done=True)
             return _for_celery(result, task)
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule is the worker's too: a queue written by others cannot make it retry a
             # tool that is neither read-only nor idempotent.
             payload = payload.model_copy(update={"max_attempts": 1})
 
-        claim = self.ledger.claim(run_id, call.id, self.token, payload.deadline)
+        claim = self._claim(payload)
         if claim.kind == "expired":
             # Never started and past its deadline (or given up): the dispatcher has already
             # answered for it, so no result is filed. A replayed old message ends here too.
@@ -260,16 +260,63 @@ class WorkerRuntime:
         return None
 
     def _refuse(self, task: Task, payload: ToolTask, why: str) -> NoReturn:
-        """File a refusal the dispatcher can show (the call never ran), without taking its claim,
-        then reject the message: Celery sends no follow-up task and stores nothing for it."""
+        """Reject the message: Celery sends no follow-up task and stores nothing for it.
+
+        Without a signing secret, first file a refusal the dispatcher can show (the call never ran).
+        With one, nothing is filed: only a message that fails the checks gets here, so its
+        reply list, ids and tool name are anyone's (an unsigned copy of a running call's
+        message would end the real call's turn with a refusal naming what the sender chose), and
+        a dispatcher with the right secret never sends one. A dispatcher without it learns from
+        the catalog (``_catalog``) instead.
+        """
         call = payload.call
         log.error("refused call %s/%s (task %s, tool %r): %s; nothing ran",
-                  payload.run_id, call.id, task.request.id, call.name[:100], why)
-        result = refused_result(payload, why)
-        # Not filed as finished (done=False), so that running the turn again can still run the
-        # call; a token no claim holds, so that a forged message cannot drop a running call's claim.
-        self.ledger.finish(result, payload.run_id, "refused", payload.reply_to, done=False)
+                  payload.run_id[:100], call.id[:100], task.request.id, call.name[:100], why)
+        if self.signing_secret is None:
+            # Not filed as finished (done=False), so that running the turn again can still run the
+            # call; a token no claim holds, so that a forged message cannot drop a running call's claim.
+            self._file(refused_result(payload, why), payload.run_id, "refused", payload.reply_to, done=False)
         raise Reject(f"refused: {why}", requeue=False)
+
+    def _file(
+        self,
+        result: ToolResult,
+        run_id: str,
+        token: str | None,
+        reply_to: str | None,
+        *,
+        done: bool,
+        delivery_tag: str | None = None,
+    ) -> None:
+        """``Ledger.finish``, with the result signed when this worker has a signing secret."""
+        if self.signing_secret is None:
+            self.ledger.finish(result, run_id, token, reply_to, done=done, delivery_tag=delivery_tag)
+            return
+        result = sign_result(result, self.signing_secret)
+        filed = self.ledger.finish(result, run_id, token, reply_to, done=done, delivery_tag=delivery_tag)
+        if not filed and self._evicted_forgery(run_id, result.call_id):
+            self.ledger.finish(result, run_id, token, reply_to, done=done)  # acknowledged above
+
+    def _claim(self, payload: ToolTask) -> Claim:
+        """The ledger's claim of the call; a forged result filed for it does not count as done."""
+        run_id, call_id = payload.run_id, payload.call.id
+        claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
+        if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
+            claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
+        return claim
+
+    def _evicted_forgery(self, run_id: str, call_id: str) -> bool:
+        """With a signing secret: when the result filed for the call is not one a worker signed
+        (anyone can write the results hash), remove it, so that it neither keeps the call from
+        running nor its real result from being filed; say whether it did. A genuine result stays."""
+        if self.signing_secret is None:
+            return False
+        filed = self.ledger.finished(run_id, [call_id]).get(call_id)
+        if filed is not None and authentic(filed, self.signing_secret, run_id, call_id):
+            return False
+        log.warning("call %s/%s: removed a filed result without a valid signature", run_id, call_id)
+        self.ledger.evict(run_id, call_id)
+        return True
 
     def _finish(
         self, payload: ToolTask, outcome: Outcome, attempts: int, task: Task
@@ -278,8 +325,7 @@ class WorkerRuntime:
         # On the threads and solo pools the message is acknowledged with the result, and kombu's
         # own ack is then skipped; a prefork child cannot tell its parent, so there kombu acks.
         tag = None if self.inline_sync else (task.request.properties or {}).get("delivery_tag")
-        self.ledger.finish(result, payload.run_id, self.token, payload.reply_to, done=done,
-                           delivery_tag=tag)
+        self._file(result, payload.run_id, self.token, payload.reply_to, done=done, delivery_tag=tag)
         if tag is not None and self.ledger.broker_acks:
             acked_with_result(tag)
         return _for_celery(result, task)
@@ -295,7 +341,7 @@ class WorkerRuntime:
             outcome = timed_out(payload.call.name, payload.timeout_secs, payload.timeout_secs, stopped=True)
             progress = self.ledger.progress(payload.run_id, [payload.call.id])[payload.call.id]
             result = _result(payload, outcome, progress.starts)
-            self.ledger.finish(result, payload.run_id, None, payload.reply_to, done=True)
+            self._file(result, payload.run_id, None, payload.reply_to, done=True)
         elif tool is not None:
             # The run is over; run the call again (at least once), bounded by the claim's count.
             log.warning(
