@@ -7,6 +7,7 @@ thread (the engine's and the tool's own) gets the run id, call id and tool; when
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
@@ -22,7 +23,10 @@ from ._outcomes import call_report
 FIELDS = ("run_id", "call_id", "tool", "attempt", "status", "duration_secs", "task_id", "worker")
 """Record attributes copied into the JSON object when present."""
 
-_current = threading.local()
+_current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "criogenai_call", default=None
+)
+"""The running call's fields: per thread, and per greenlet (calls on the threads pool share one)."""
 log = logging.getLogger("criogenai.calls")
 
 
@@ -47,10 +51,10 @@ class JsonFormatter(logging.Formatter):
 
 
 class CallContext(logging.Filter):
-    """Adds the running call's ids to records logged on its thread."""
+    """Adds the running call's ids to records logged while it runs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for name, value in getattr(_current, "fields", {}).items():
+        for name, value in (_current.get() or {}).items():
             if getattr(record, name, None) is None:
                 setattr(record, name, value)
         return True
@@ -91,14 +95,14 @@ def _track_calls(app: Celery) -> None:
     @signals.task_prerun.connect(weak=False)  # type: ignore[untyped-decorator]
     def _started(sender: Any = None, task_id: str = "", kwargs: Any = None, **_: Any) -> None:
         if getattr(sender, "name", None) == TASK_NAME and getattr(sender, "app", None) is app:
-            _current.fields = {**_call_fields(kwargs), "task_id": task_id}
+            _current.set({**_call_fields(kwargs), "task_id": task_id})
 
     @signals.task_postrun.connect(weak=False)  # type: ignore[untyped-decorator]
     def _ended(sender: Any = None, retval: Any = None, state: str = "", **_: Any) -> None:
         if getattr(sender, "name", None) != TASK_NAME or getattr(sender, "app", None) is not app:
             return
         try:
-            extra: dict[str, Any] = {"status": state.lower() or None}
+            extra: dict[str, Any] = {"status": (state or "").lower() or None}
             report = call_report(retval)
             if report is not None:
                 extra = {
@@ -108,4 +112,29 @@ def _track_calls(app: Celery) -> None:
                 }
             log.info("call finished", extra=extra)
         finally:
-            _current.fields = {}
+            _current.set(None)
+
+
+class BurstLog:
+    """One kind of error, logged without a flood: the first with its traceback; then at most one
+    line per ``every`` seconds, counting the ones left out since."""
+
+    def __init__(self, logger: logging.Logger, what: str, every: float = 10.0) -> None:
+        self._logger, self._what, self._every = logger, what, every
+        self._lock = threading.Lock()
+        self._left_out = 0
+        self._last = -every
+
+    def error(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._every:
+                self._left_out += 1
+                return
+            left_out, self._left_out, self._last = self._left_out, 0, now
+        if left_out:
+            self._logger.error("%s: %s: %s (and %d more in the %.0f s before)",
+                               self._what, type(exc).__name__, exc, left_out, self._every)
+        else:
+            self._logger.error("%s: %s: %s (more in the next %.0f s are counted, not logged)",
+                               self._what, type(exc).__name__, exc, self._every, exc_info=exc)

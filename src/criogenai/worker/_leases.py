@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from .._logging import BurstLog
 from ._ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        self._errors = BurstLog(log, "could not renew the leases of running calls")
 
     def hold(
         self, run_id: str, call_id: str, token: str, on_cancel: Callable[[], None] | None = None
@@ -61,8 +63,8 @@ class LeaseKeeper:
                 held = [(run, call, token) for (run, call), token in self._held.items()]
             try:
                 renewal = self._ledger.renew(held)
-            except Exception:  # Redis away for a moment: the next round tries again
-                log.warning("could not renew %d claim(s)", len(held), exc_info=True)
+            except Exception as exc:  # Redis away for a moment: the next round tries again
+                self._errors.error(exc)
                 continue
             for key in renewal.lost:
                 # Still renewed (a no-op while it is not ours), so that a cancel still reaches it.
@@ -106,6 +108,7 @@ class Heartbeat:
         self._interval = interval
         self._also = also
         self._stop = threading.Event()
+        self._errors = BurstLog(log, "heartbeat failed")
         self._thread = threading.Thread(target=self._loop, name="criogenai-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -126,7 +129,7 @@ class Heartbeat:
                 self._ledger.heartbeat(self._worker, self._queues)
                 if self._also is not None:
                     self._also(self._worker, self._queues, False)
-            except Exception:
-                log.warning("heartbeat failed", exc_info=True)
+            except Exception as exc:
+                self._errors.error(exc)
             if self._stop.wait(self._interval):
                 return

@@ -322,13 +322,15 @@ class _HotScripts:
                         script.sha = self._client.script_load(script.script)
                         conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
                         return cast(object, conn.read_response())
-            except (redis.ConnectionError, redis.TimeoutError):
+            except UNREACHABLE:
                 if delay is None:
                     raise
                 pause(delay)
         raise AssertionError("unreachable")
 
 
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+"""What the ledger raises when Redis does not answer, after its own quick retries."""
 HOT_CONNECTIONS = 8
 """Connections a process's claims and filings share (a worker on criogenai's threads pool sends
 them all from its event loop's thread, so it uses one)."""

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from .._config import backoff_secs
 from .._keys import MAX_LOST_RUNS, TASK_NAME
+from .._logging import BurstLog
 from .._message import hard_limit_secs, send_call
 from .._outcomes import CallReport, Outcome, cancelled_before_start, timed_out
 from .._signing import authentic, refusal, sign_result
@@ -29,10 +30,16 @@ from .._wire import ToolResult, ToolTask
 from ..tools import ToolContext, ToolRegistry
 from . import _executor
 from ._leases import BeatHook, Heartbeat, LeaseKeeper
-from ._ledger import Claim, Ledger
+from ._ledger import UNREACHABLE, Claim, Ledger
+from ._loop import pause
 from ._transport import acked_with_result
 
 log = logging.getLogger(__name__)
+_store_errors = BurstLog(log, "the ledger (Redis) did not answer")
+
+FILE_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, None)
+"""Waits between tries to file a finished call's result while Redis is away (about 15 s, plus the
+ledger's own quick retries each time); then the call is left to its lease and sent again."""
 
 
 def _result(payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
@@ -111,6 +118,20 @@ def _for_celery(result: ToolResult, task: Task) -> _Returned:
     return CallReport(result.status, result.attempts, result.duration_secs or 0.0)
 
 
+def _payload(task: Task, body: Any) -> ToolTask:
+    """The call a message carries; a message that is not one is rejected, naming where and what
+    is wrong but never the input (a refused message's arguments may hold secrets)."""
+    try:
+        return ToolTask.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+            for e in exc.errors(include_input=False)[:10]
+        )
+        log.error("refused task %s: not a criogenai call: %s", task.request.id, problems)
+        raise Reject(f"not a criogenai call (v1): {exc.error_count()} problem(s)", requeue=False) from None
+
+
 class WorkerRuntime:
     """What a worker process needs to run calls: its tools, the ledger and its identity."""
 
@@ -139,18 +160,7 @@ class WorkerRuntime:
         _executor.reset_after_fork()
 
     def run(self, task: Task, body: Any) -> _Returned:
-        try:
-            payload = ToolTask.model_validate(body)
-        except ValidationError as exc:
-            # Where and what, never the input: a refused message's arguments may hold secrets.
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-                for e in exc.errors(include_input=False)[:10]
-            )
-            log.error("refused task %s: not a criogenai call: %s", task.request.id, problems)
-            raise Reject(
-                f"not a criogenai call (v1): {exc.error_count()} problem(s)", requeue=False
-            ) from None
+        payload = _payload(task, body)
         call, run_id = payload.call, payload.run_id
         why = self._refusal(task, payload)
         if why is not None:
@@ -169,7 +179,13 @@ class WorkerRuntime:
             # tool that is neither read-only nor idempotent.
             payload = payload.model_copy(update={"max_attempts": 1})
 
-        claim = self._claim(payload)
+        try:
+            claim = self._claim(payload)
+        except UNREACHABLE as exc:
+            # Nothing ran and nothing is held: back on the queue, to be taken again in a moment
+            # (the store's own retries have already waited a few seconds).
+            _store_errors.error(exc)
+            raise Reject("the ledger did not answer the claim", requeue=True) from None
         if claim.kind == "expired":
             # Never started and past its deadline (or given up): the dispatcher has already
             # answered for it, so no result is filed. A replayed old message ends here too.
@@ -224,7 +240,6 @@ class WorkerRuntime:
     def _conclude(self, task: Task, payload: ToolTask, outcome: Outcome, attempt: int) -> _Returned:
         """Log the run, then retry it later or file its result."""
         call, run_id = payload.call, payload.run_id
-        self.leases.drop(run_id, call.id)  # idempotent: run again if a late soft limit cut it short
         log.info(
             "call %s/%s tool=%s attempt=%d status=%s duration=%.3fs",
             run_id,
@@ -236,6 +251,7 @@ class WorkerRuntime:
         )
         delay = retry_delay(payload, outcome, attempt)
         if delay is not None:
+            self.leases.drop(run_id, call.id)  # idempotent: run again if a late soft limit cut it short
             self.ledger.await_retry(run_id, call.id, self.token, delay)
             raise task.retry(countdown=delay, max_retries=None)
         return self._finish(payload, outcome, attempt, task)
@@ -325,7 +341,20 @@ class WorkerRuntime:
         # On the threads and solo pools the message is acknowledged with the result, and kombu's
         # own ack is then skipped; a prefork child cannot tell its parent, so there kombu acks.
         tag = None if self.inline_sync else (task.request.properties or {}).get("delivery_tag")
-        self._file(result, payload.run_id, self.token, payload.reply_to, done=done, delivery_tag=tag)
+        for delay in FILE_RETRY_DELAYS:
+            try:
+                self._file(result, payload.run_id, self.token, payload.reply_to, done=done, delivery_tag=tag)
+                break
+            except UNREACHABLE as exc:
+                # The call ran: keep its result and its lease (still renewed) while the store is
+                # away, rather than have it run again elsewhere.
+                _store_errors.error(exc)
+                if delay is None:
+                    # Given up: the lease runs out and the dispatcher sends the call again.
+                    self.leases.drop(payload.run_id, payload.call.id)
+                    raise Ignore() from None
+                pause(delay)
+        self.leases.drop(payload.run_id, payload.call.id)
         if tag is not None and self.ledger.broker_acks:
             acked_with_result(tag)
         return _for_celery(result, task)
