@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ._credentials import stop_if_refused
 from ._ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ class LeaseKeeper:
                 held = [(run, call, token) for (run, call), token in self._held.items()]
             try:
                 renewal = self._ledger.renew(held)
-            except Exception:  # Redis away for a moment: the next round tries again
+            except Exception as exc:  # Redis away for a moment: the next round tries again
+                if stop_if_refused(exc):
+                    continue
                 log.warning("could not renew %d claim(s)", len(held), exc_info=True)
                 continue
             for key in renewal.lost:
@@ -117,8 +120,9 @@ class Heartbeat:
             self._ledger.heartbeat(self._worker, self._queues, stop=True)
             if self._also is not None:
                 self._also(self._worker, self._queues, True)
-        except Exception:
-            log.warning("could not withdraw worker %s", self._worker, exc_info=True)
+        except Exception as exc:
+            if not stop_if_refused(exc):  # a refusal was already said once
+                log.warning("could not withdraw worker %s", self._worker, exc_info=True)
 
     def _loop(self) -> None:
         while True:
@@ -126,7 +130,9 @@ class Heartbeat:
                 self._ledger.heartbeat(self._worker, self._queues)
                 if self._also is not None:
                     self._also(self._worker, self._queues, False)
-            except Exception:
+            except Exception as exc:
+                if stop_if_refused(exc):
+                    return
                 log.warning("heartbeat failed", exc_info=True)
             if self._stop.wait(self._interval):
                 return
