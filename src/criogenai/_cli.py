@@ -22,6 +22,7 @@ POOLS = ("prefork", "threads")
 def _worker(args: argparse.Namespace) -> int:
     from .tools import ToolRegistry
     from .worker import create_app
+    from .worker._credentials import exit_status
 
     settings = Settings.from_env()
     if settings.embedded:
@@ -68,7 +69,7 @@ def _worker(args: argparse.Namespace) -> int:
 
         instrument_worker(args.pool)
     app.worker_main(argv)
-    return 0
+    return exit_status()
 
 
 def _demo(args: argparse.Namespace) -> int:

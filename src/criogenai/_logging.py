@@ -11,7 +11,6 @@ import contextvars
 import json
 import logging
 import sys
-import threading
 import time
 from typing import Any
 
@@ -113,28 +112,3 @@ def _track_calls(app: Celery) -> None:
             log.info("call finished", extra=extra)
         finally:
             _current.set(None)
-
-
-class BurstLog:
-    """One kind of error, logged without a flood: the first with its traceback; then at most one
-    line per ``every`` seconds, counting the ones left out since."""
-
-    def __init__(self, logger: logging.Logger, what: str, every: float = 10.0) -> None:
-        self._logger, self._what, self._every = logger, what, every
-        self._lock = threading.Lock()
-        self._left_out = 0
-        self._last = -every
-
-    def error(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last < self._every:
-                self._left_out += 1
-                return
-            left_out, self._left_out, self._last = self._left_out, 0, now
-        if left_out:
-            self._logger.error("%s: %s: %s (and %d more in the %.0f s before)",
-                               self._what, type(exc).__name__, exc, left_out, self._every)
-        else:
-            self._logger.error("%s: %s: %s (more in the next %.0f s are counted, not logged)",
-                               self._what, type(exc).__name__, exc, self._every, exc_info=exc)

@@ -651,10 +651,11 @@ def test_a_dispatcher_with_a_wrong_password_ends_its_calls_with_the_reason(locke
 
 
 class TlsRedis:
-    """A redis-server that speaks only TLS, with a throwaway CA; skips when either is unavailable."""
+    """A redis-server that speaks only TLS, with a throwaway CA; skips when either is unavailable.
+    With ``auth_clients`` it asks clients for a certificate of that CA (``url(client_cert=True)``)."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.port = tmp, spare_port()
+    def __init__(self, tmp: Path, *, auth_clients: bool = False) -> None:
+        self.tmp, self.port, self.auth_clients = tmp, spare_port(), auth_clients
         self.ca = tmp / "ca.crt"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -669,9 +670,15 @@ class TlsRedis:
         (self.tmp / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
         openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
                 "-out", "server.crt", "-days", "1", "-extfile", "ext.cnf")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr",
+                "-subj", "/CN=criogenai-worker")
+        openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", "client.crt", "-days", "1")
 
-    def url(self, *, verify_with_ca: bool = True) -> str:
+    def url(self, *, verify_with_ca: bool = True, client_cert: bool = False) -> str:
         query = f"?ssl_cert_reqs=required&ssl_ca_certs={self.ca}" if verify_with_ca else ""
+        if client_cert:
+            query += f"&ssl_certfile={self.tmp / 'client.crt'}&ssl_keyfile={self.tmp / 'client.key'}"
         return f"rediss://127.0.0.1:{self.port}/0{query}"
 
     def start(self) -> None:
@@ -683,9 +690,10 @@ class TlsRedis:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", str(self.tmp), "--tls-cert-file", "server.crt",
-             "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"],
+             "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt",
+             "--tls-auth-clients", "yes" if self.auth_clients else "no"],
             cwd=self.tmp, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        client = redis.Redis.from_url(self.url())
+        client = redis.Redis.from_url(self.url(client_cert=self.auth_clients))
         for _ in range(100):
             if self.proc.poll() is not None:
                 pytest.skip(f"this redis-server cannot serve TLS: {log.read_text()[-300:]}")

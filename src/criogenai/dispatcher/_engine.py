@@ -32,6 +32,7 @@ from .._config import Limits
 from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs, send_call
 from .._outcomes import cancelled_before_start, not_admitted
+from .._refusals import ErrorBurst
 from .._signing import authentic, key_id
 from .._wire import ToolResult, ToolStatus, ToolTask
 from ..worker._ledger import Ledger, RedisLedger
@@ -402,11 +403,15 @@ class Engine:
 
     def _gather_loop(self) -> None:
         next_check = time.monotonic() + CHECK_AFTER_SECS / 2
+        # Redis away or refusing this dispatcher: said once per burst, not on every attempt.
+        reading = ErrorBurst(log, "cannot read results")
+        checking = ErrorBurst(log, "cannot check calls in flight")
         while not self._closed.is_set():
             try:
                 replies = self.ledger.pop_replies(self.reply_to, 0.25 if self._pending else 1.0)
-            except Exception:
-                log.warning("cannot read results; trying again", exc_info=True)
+                reading.ok()
+            except Exception as exc:
+                reading.failed(exc)
                 self._closed.wait(0.5)
                 replies = []
             if replies:
@@ -419,8 +424,11 @@ class Engine:
                 next_check = now + CHECK_AFTER_SECS / 2
                 try:
                     self._monitor(now)
-                except Exception:
-                    log.warning("cannot check calls in flight; trying again", exc_info=True)
+                    checking.ok()
+                except Exception as exc:
+                    checking.failed(exc)
+        reading.close()
+        checking.close()
 
     def _monitor(self, now: float) -> None:
         self._check_server(now)

@@ -24,6 +24,7 @@ import redis
 from .._keys import TASK_NAME, task_id
 from .._message import task_options
 from .._metrics import stamp_sent_at
+from .._refusals import refusal
 from .._tracing import inject_trace_headers
 from .._wire import ToolTask
 
@@ -94,7 +95,7 @@ class RedisPublisher:
                     pipe.lpush(queue, *texts)  # same order as one LPUSH per call
                 pipe.execute()
                 return
-            except (redis.ConnectionError, redis.TimeoutError):
-                if delay is None:
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if delay is None or refusal(exc) is not None:  # a refusal does not heal by waiting
                     raise
                 time.sleep(delay)

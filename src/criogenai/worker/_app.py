@@ -20,11 +20,12 @@ from .._config import Settings
 from .._errors import ConfigurationError
 from .._keys import DEFAULT_QUEUE, TASK_NAME
 from .._metrics import stamp_published_calls
+from .._refusals import refusal
 from .._signing import key_id
 from ..tools import ToolRegistry
+from ._credentials import CONSUMER, TRANSPORT
 from ._ledger import Ledger, MemoryLedger, RedisLedger
 from ._task import WorkerRuntime, register
-from ._transport import TRANSPORT
 
 
 def _celery_conf(settings: Settings) -> dict[str, Any]:
@@ -66,6 +67,7 @@ def _celery_conf(settings: Settings) -> dict[str, Any]:
         "redis_socket_connect_timeout": 5,
         "redis_backend_health_check_interval": 10,
         "worker_hijack_root_logger": False,
+        "worker_consumer": CONSUMER,  # refused credentials end the worker, not retried for ever
         "enable_utc": True,
     }
     if (settings.broker_url or "").startswith(("redis://", "rediss://")):
@@ -104,21 +106,18 @@ def redis_version_ok(version: str) -> bool:
 
 def check_server(ledger: Ledger, *, login: bool = True) -> None:
     """Fail fast when Redis is older than 7.0 (every pop would fail) and, with ``login``, when it
-    refuses the URL's credentials or certificate (a worker's Celery would retry those forever,
-    like an outage; a dispatcher instead ends its calls with the reason). Redis not up yet is
-    left to the retries."""
+    refuses the URL's credentials or certificate (a dispatcher instead ends its calls with the
+    reason). Redis not up yet is left to the retries; a later refusal stops the worker then
+    (``_credentials``)."""
     if not isinstance(ledger, RedisLedger):
         return
     try:
         ledger.client.ping()
         version = str(ledger.client.info("server").get("redis_version", ""))
-    except redis.AuthenticationError as exc:
-        if login:
-            raise ConfigurationError(f"Redis refused the credentials in the URL: {exc}") from None
-        return
     except redis.ConnectionError as exc:
-        if login and "CERTIFICATE_VERIFY_FAILED" in str(exc):
-            raise ConfigurationError(f"Redis's TLS certificate was not accepted: {exc}") from None
+        why = refusal(exc, fresh=True)
+        if login and why is not None:
+            raise ConfigurationError(why) from None
         return
     except redis.RedisError:  # INFO not allowed for this user: nothing to check against
         return

@@ -11,7 +11,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .._logging import BurstLog
+from .._refusals import ErrorBurst
+from ._credentials import stop_if_refused
 from ._ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
-        self._errors = BurstLog(log, "could not renew the leases of running calls")
+        self._errors = ErrorBurst(log, "could not renew the leases of running calls")
 
     def hold(
         self, run_id: str, call_id: str, token: str, on_cancel: Callable[[], None] | None = None
@@ -64,8 +65,11 @@ class LeaseKeeper:
             try:
                 renewal = self._ledger.renew(held)
             except Exception as exc:  # Redis away for a moment: the next round tries again
-                self._errors.error(exc)
+                if stop_if_refused(exc):
+                    continue
+                self._errors.failed(exc)
                 continue
+            self._errors.ok()
             for key in renewal.lost:
                 # Still renewed (a no-op while it is not ours), so that a cancel still reaches it.
                 with self._lock:
@@ -108,7 +112,7 @@ class Heartbeat:
         self._interval = interval
         self._also = also
         self._stop = threading.Event()
-        self._errors = BurstLog(log, "heartbeat failed")
+        self._errors = ErrorBurst(log, "heartbeat failed")
         self._thread = threading.Thread(target=self._loop, name="criogenai-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -120,8 +124,9 @@ class Heartbeat:
             self._ledger.heartbeat(self._worker, self._queues, stop=True)
             if self._also is not None:
                 self._also(self._worker, self._queues, True)
-        except Exception:
-            log.warning("could not withdraw worker %s", self._worker, exc_info=True)
+        except Exception as exc:
+            if not stop_if_refused(exc):  # a refusal was already said once
+                log.warning("could not withdraw worker %s", self._worker, exc_info=True)
 
     def _loop(self) -> None:
         while True:
@@ -129,7 +134,10 @@ class Heartbeat:
                 self._ledger.heartbeat(self._worker, self._queues)
                 if self._also is not None:
                     self._also(self._worker, self._queues, False)
+                self._errors.ok()
             except Exception as exc:
-                self._errors.error(exc)
+                if stop_if_refused(exc):
+                    return
+                self._errors.failed(exc)
             if self._stop.wait(self._interval):
                 return

@@ -22,20 +22,21 @@ from pydantic import ValidationError
 
 from .._config import backoff_secs
 from .._keys import MAX_LOST_RUNS, TASK_NAME
-from .._logging import BurstLog
 from .._message import hard_limit_secs, send_call
 from .._outcomes import CallReport, Outcome, cancelled_before_start, timed_out
+from .._refusals import ErrorBurst
 from .._signing import authentic, refusal, sign_result
 from .._wire import ToolResult, ToolTask
 from ..tools import ToolContext, ToolRegistry
 from . import _executor
+from ._credentials import stop_if_refused
 from ._leases import BeatHook, Heartbeat, LeaseKeeper
 from ._ledger import UNREACHABLE, Claim, Ledger
 from ._loop import pause
 from ._transport import acked_with_result
 
 log = logging.getLogger(__name__)
-_store_errors = BurstLog(log, "the ledger (Redis) did not answer")
+_store_errors = ErrorBurst(log, "the ledger (Redis) did not answer a claim or a filing")
 
 FILE_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, None)
 """Waits between tries to file a finished call's result while Redis is away (about 15 s, plus the
@@ -184,8 +185,10 @@ class WorkerRuntime:
         except UNREACHABLE as exc:
             # Nothing ran and nothing is held: back on the queue, to be taken again in a moment
             # (the store's own retries have already waited a few seconds).
-            _store_errors.error(exc)
+            if not stop_if_refused(exc):
+                _store_errors.failed(exc)
             raise Reject("the ledger did not answer the claim", requeue=True) from None
+        _store_errors.ok()
         if claim.kind == "expired":
             # Never started and past its deadline (or given up): the dispatcher has already
             # answered for it, so no result is filed. A replayed old message ends here too.
@@ -344,11 +347,13 @@ class WorkerRuntime:
         for delay in FILE_RETRY_DELAYS:
             try:
                 self._file(result, payload.run_id, self.token, payload.reply_to, done=done, delivery_tag=tag)
+                _store_errors.ok()
                 break
             except UNREACHABLE as exc:
                 # The call ran: keep its result and its lease (still renewed) while the store is
                 # away, rather than have it run again elsewhere.
-                _store_errors.error(exc)
+                if not stop_if_refused(exc):
+                    _store_errors.failed(exc)
                 if delay is None:
                     # Given up: the lease runs out and the dispatcher sends the call again.
                     self.leases.drop(payload.run_id, payload.call.id)
