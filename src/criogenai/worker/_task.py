@@ -180,15 +180,7 @@ class WorkerRuntime:
             # tool that is neither read-only nor idempotent.
             payload = payload.model_copy(update={"max_attempts": 1})
 
-        try:
-            claim = self._claim(payload)
-        except UNREACHABLE as exc:
-            # Nothing ran and nothing is held: back on the queue, to be taken again in a moment
-            # (the store's own retries have already waited a few seconds).
-            if not stop_if_refused(exc):
-                _store_errors.failed(exc)
-            raise Reject("the ledger did not answer the claim", requeue=True) from None
-        _store_errors.ok()
+        claim = self._claim(payload)
         if claim.kind == "expired":
             # Never started and past its deadline (or given up): the dispatcher has already
             # answered for it, so no result is filed. A replayed old message ends here too.
@@ -317,11 +309,19 @@ class WorkerRuntime:
             self.ledger.finish(result, run_id, token, reply_to, done=done)  # acknowledged above
 
     def _claim(self, payload: ToolTask) -> Claim:
-        """The ledger's claim of the call; a forged result filed for it does not count as done."""
+        """The ledger's claim of the call; a forged result filed for it does not count as done.
+        When Redis does not answer, the message goes back on the queue: nothing ran, nothing is
+        held, and it is taken again in a moment (the ledger's own retries waited a few seconds)."""
         run_id, call_id = payload.run_id, payload.call.id
-        claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
-        if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
+        try:
             claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
+            if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
+                claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
+        except UNREACHABLE as exc:
+            if not stop_if_refused(exc):
+                _store_errors.failed(exc)
+            raise Reject("the ledger did not answer the claim", requeue=True) from None
+        _store_errors.ok()
         return claim
 
     def _evicted_forgery(self, run_id: str, call_id: str) -> bool:
