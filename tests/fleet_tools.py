@@ -213,3 +213,35 @@ def report_attempt(ctx: ToolContext, key: str, fail_times: int) -> dict[str, obj
     if n <= fail_times:
         raise ToolError(f"not yet ({n})", retryable=True)
     return {"attempt": ctx.attempt, "call_id": ctx.call_id, "run_id": ctx.run_id}
+
+
+# -- capacity (tests/integration/test_capacity.py) -------------------------------------------------
+
+
+@tool(read_only=True)
+async def span_async(seconds: float) -> list[float]:
+    """Wait on the event loop; return when the wait began and ended (time.time())."""
+    began = time.time()
+    await asyncio.sleep(seconds)
+    return [began, time.time()]
+
+
+@tool(read_only=True)
+def span_sync(seconds: float) -> list[float]:
+    """Wait on a thread; return when the wait began and ended (time.time())."""
+    began = time.time()
+    time.sleep(seconds)
+    return [began, time.time()]
+
+
+class Shutdown(BaseException):
+    """Not an Exception: what a library raises to unwind everything (as SystemExit does)."""
+
+
+@tool
+def exits(key: str, secret: str, how: str = "sys.exit") -> str:
+    """Count a run, then leave as a careless library does: sys.exit() or a BaseException, with a secret."""
+    _count(key)
+    if how == "sys.exit":
+        raise SystemExit(f"db password is {secret}")
+    raise Shutdown(f"db password is {secret}")

@@ -1,0 +1,155 @@
+"""Capacity: many waiting calls in flight on one worker process, on a bounded number of Redis
+connections, and tools that leave by ``sys.exit`` or a ``BaseException``.
+
+Correctness only (every call ``ok``, all of them in flight at once, the connection bound); how
+fast is measured by ``bench/bench_capacity.py``, beside plain Celery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from criogenai import Limits, Settings, ToolCall, ToolResult
+from criogenai._outcomes import GENERIC_FAILURE
+from tests import fleet_tools
+from tests.conftest import fleet_url, key, make_dispatcher
+
+CONNECTION_BOUND = 16
+"""The most Redis connections a worker on criogenai's threads pool may open, at any concurrency
+(README, Performance: its claims and filings share one connection, kombu and the lease and
+heartbeat threads a few more)."""
+
+
+def redis_connections(pid: int) -> int:
+    """The process's established TCP connections to the tests' Redis, read from /proc."""
+    port = urlsplit(fleet_url()).port or 6379
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+class PeakConnections:
+    """The most connections a process held while the block ran, sampled every 20 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> PeakConnections:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, redis_connections(self.pid))
+
+
+def most_at_once(results: list[ToolResult]) -> int:
+    """The most calls that were waiting at the same moment, from the spans the tools returned."""
+    edges = []
+    for r in results:
+        began, ended = json.loads(r.content)
+        edges += [(began, 1), (ended, -1)]
+    running = peak = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("tool", ["span_async", "span_sync"])
+def test_a_worker_at_concurrency_300_holds_300_waiting_calls_at_once_on_a_few_connections(
+    worker_factory, tool: str
+) -> None:
+    worker = worker_factory(pool="threads", concurrency=300)
+    limits = Limits(max_calls_per_turn=300, max_calls_in_flight_per_turn=300, queue_wait_secs=60)
+    calls = [ToolCall(id=f"c{i}", name=tool, arguments={"seconds": 3.0}) for i in range(300)]
+    with make_dispatcher(limits=limits) as d, PeakConnections(worker.proc.pid) as connections:
+        results = d.run_turn_sync(calls)
+    assert [r.status for r in results] == ["ok"] * 300, [r for r in results if r.status != "ok"][:3]
+    assert most_at_once(results) == 300
+    assert 0 < connections.peak <= CONNECTION_BOUND
+
+
+def test_connections_killed_mid_load_lose_no_call_and_leave_none_waiting(worker_factory) -> None:
+    # Given 200 calls in flight on one worker, claiming, running and filing
+    worker_factory(pool="threads", concurrency=100)
+    k = key()
+    limits = Limits(max_calls_per_turn=200, max_calls_in_flight_per_turn=200, queue_wait_secs=120)
+    calls = [ToolCall(id=f"c{i}", name="count", arguments={"key": f"{k}:{i}"}) for i in range(200)]
+    admin = redis.Redis.from_url(fleet_url())
+    with make_dispatcher(limits=limits) as d:
+        started = time.monotonic()
+        results_box: list[list[ToolResult]] = []
+        runner = threading.Thread(target=lambda: results_box.append(d.run_turn_sync(calls)))
+        runner.start()
+        # When every client connection of the server is killed, again and again, mid-load
+        kills = 0
+        while runner.is_alive() and kills < 8:
+            kills += admin.client_kill_filter(_type="normal", skipme=True)
+            time.sleep(0.15)
+        runner.join(90)
+        elapsed = time.monotonic() - started
+    assert kills > 0 and results_box, "the turn did not end"
+    [results] = results_box
+    # Then every call ends ok, ran once (no process died), and none waited out queue_wait_secs
+    assert [r.status for r in results] == ["ok"] * 200, [r for r in results if r.status != "ok"][:3]
+    assert [fleet_tools.runs(f"{k}:{i}") for i in range(200)] == [1] * 200
+    assert elapsed < 60, f"the turn took {elapsed:.0f} s"
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_tool_leaving_by_sys_exit_or_a_base_exception_is_an_exception_run_once(
+    worker_factory, pool: str
+) -> None:
+    # Given a worker with two slots, and tools that sys.exit() or raise a BaseException with a
+    # secret in the text, under return_generic
+    log_format = ["--log-format", "json"] if pool == "threads" else []
+    worker = worker_factory(pool=pool, concurrency=2, extra_args=tuple(log_format))
+    secret = f"pw-{uuid.uuid4().hex}"
+    k = key()
+    calls = [
+        ToolCall(id=f"x{i}", name="exits",
+                 arguments={"key": f"{k}:{i}", "secret": secret, "how": ("sys.exit", "base")[i % 2]})
+        for i in range(4)
+    ]
+    with make_dispatcher(on_tool_exception="return_generic",
+                         settings=Settings(broker_url=fleet_url(), lease_secs=2.0)) as d:
+        results = d.run_turn_sync(calls)
+        # Then each is an exception outcome like any other: run once, the text only in the artifact
+        assert [(r.status, r.content, r.attempts) for r in results] == [("exception", GENERIC_FAILURE, 1)] * 4
+        assert [fleet_tools.runs(f"{k}:{i}") for i in range(4)] == [1] * 4
+        assert all(secret in r.artifact["exception"]["message"] for r in results)
+        assert {r.artifact["exception"]["type"] for r in results} == {"SystemExit", "Shutdown"}
+        # and the slots are free: more calls than slots still run
+        echoes = [ToolCall(id=f"e{i}", name="echo", arguments={"text": str(i)}) for i in range(4)]
+        more = d.run_turn_sync(echoes)
+        assert [r.status for r in more] == ["ok"] * 4
+    assert worker.proc.poll() is None
+    assert secret not in worker.output()
