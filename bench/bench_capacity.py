@@ -169,14 +169,14 @@ def crg_run(n: int, tool: str, tmp: Path) -> dict[str, Any]:
                 done = await asyncio.gather(*(d.run_turn(b) for b in batches))
                 return [r for rs in done for r in rs]
 
-            with Sampler(worker.pid) as sampler:
+            with Sampler(worker.pid) as sampler, Sampler(os.getpid()) as own:
                 started = time.perf_counter()
                 results = asyncio.run(run())
                 wall = time.perf_counter() - started
             ok = sum(r.status == "ok" for r in results)
             return {"wall_s": round(wall, 2), "ok": ok, "calls": len(results),
                     "peak_rss_mib": round(sampler.peak_rss_mib, 1), "threads": sampler.threads,
-                    "redis_connections": sampler.connections}
+                    "redis_connections": sampler.connections, "dispatcher_connections": own.connections}
     finally:
         stop(worker)
 
