@@ -19,7 +19,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check src tests examples bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 3 --dist loadfile
 
 bench: setup
 	$(BIN)/python bench/bench_turn.py

@@ -40,7 +40,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-PORT = free_port()
+PORT = int(os.environ.get("BENCH_REDIS_PORT") or free_port())
 URL = f"redis://127.0.0.1:{PORT}/0"
 os.environ["BENCH_REDIS_URL"] = URL
 
@@ -187,9 +187,9 @@ def celery_run(n: int, tmp: Path) -> dict[str, Any]:
     from bench import plain_celery
 
     name = f"plain{n}@bench"
-    worker = start_worker([sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker", "-Q", "plain",
-                           "--pool", "threads", "-c", str(n), "-n", name, "-l", "WARNING",
-                           "--without-gossip", "--without-mingle"], tmp / f"{name}.log")
+    argv = [sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker", "-Q", "plain",
+            "--pool", "threads", "-c", str(n), "-n", name, "-l", "WARNING", "--without-gossip", "--without-mingle"]
+    worker = start_worker(argv, tmp / f"{name}.log")
     try:
         deadline = time.monotonic() + 60
         while plain_celery.app.control.ping([name], timeout=0.5) == []:
@@ -311,10 +311,10 @@ def main() -> None:
         server = start_redis(tmp)
         try:
             for n in [int(x) for x in args.sizes.split(",")]:
-                for label, run in (("criogenai async", lambda: crg_run(n, "wait_async", tmp)),
-                                   ("criogenai sync", lambda: crg_run(n, "wait_sync", tmp)),
-                                   ("plain Celery sync", lambda: celery_run(n, tmp)),
-                                   ("embedded async", lambda: embedded_run(n))):
+                for label, run in (("criogenai async", lambda n=n: crg_run(n, "wait_async", tmp)),
+                                   ("criogenai sync", lambda n=n: crg_run(n, "wait_sync", tmp)),
+                                   ("plain Celery sync", lambda n=n: celery_run(n, tmp)),
+                                   ("embedded async", lambda n=n: embedded_run(n))):
                     row = {"engine": label, "concurrency": n, **run()}
                     out["runs"].append(row)
                     print(json.dumps(row), flush=True)
@@ -328,10 +328,12 @@ def main() -> None:
             server.kill()
             server.wait()
     print()
-    print(f"{'engine':<20}{'N':>6}{'wall s':>9}{'ok':>7}{'RSS MiB':>9}{'threads':>9}{'Redis conns':>13}")
+    print(f"{'engine':<20}{'N':>6}{'wall s':>9}{'ok':>7}{'RSS MiB':>9}{'threads':>9}{'Redis conns':>13}"
+          f"{'dispatcher conns':>18}")
     for r in out["runs"]:
-        print(f"{r['engine']:<20}{r['concurrency']:>6}{r['wall_s']:>9}{r['ok']:>7}"
-              f"{r.get('peak_rss_mib', '-'):>9}{r.get('threads', '-'):>9}{r.get('redis_connections', '-'):>13}")
+        print(f"{r['engine']:<20}{r['concurrency']:>6}{r['wall_s']:>9}{r['ok']:>7}{r.get('peak_rss_mib', '-'):>9}"
+              f"{r.get('threads', '-'):>9}{r.get('redis_connections', '-'):>13}"
+              f"{r.get('dispatcher_connections', '-'):>18}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHONPATH = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
 """What subprocesses the tests start import from: this checkout's code, whatever is installed."""
 REDIS_BASE = os.environ.get("CRIOGENAI_TEST_REDIS", "redis://127.0.0.1:6379")
-FLEET_DB = int(os.environ.get("CRIOGENAI_TEST_DB", "12"))  # one database per concurrent test run
+# One database per concurrent test run, and per pytest-xdist worker of a run (gw0, gw1, ...).
+FLEET_DB = int(os.environ.get("CRIOGENAI_TEST_DB", "12")) + int(
+    os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0
+)
 os.environ.setdefault("CRIOGENAI_TEST_COUNTER_URL", f"{REDIS_BASE}/{FLEET_DB}")
 
 

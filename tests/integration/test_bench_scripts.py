@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +14,24 @@ import pytest
 from tests.conftest import PYTHONPATH, ROOT
 
 
-@pytest.mark.parametrize("script", ["bench_turn.py", "bench_validate.py"])
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("script", ["bench_turn.py", "bench_validate.py", "bench_capacity.py"])
 def test_benchmark_script_runs_and_writes_its_json(script: str, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     argv = [sys.executable, str(ROOT / "bench" / script)]
     if script == "bench_turn.py":
         argv += ["--quick", "--json", str(out)]
+    elif script == "bench_capacity.py":
+        argv += ["--sizes", "20", "--footprint-calls", "200", "--json", str(out)]
     else:
         argv += ["--iterations", "200", "--define-iterations", "5", "--json", str(out)]
-    env = {**os.environ, "BENCH_REDIS_PORT": "6391", "PYTHONPATH": PYTHONPATH}
+    # The benchmark's own redis-server, on a port free now (never one another server may hold).
+    env = {**os.environ, "BENCH_REDIS_PORT": str(free_port()), "PYTHONPATH": PYTHONPATH}
     env.pop("CRIOGENAI_BROKER_URL", None)
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -30,3 +40,8 @@ def test_benchmark_script_runs_and_writes_its_json(script: str, tmp_path: Path) 
     if script == "bench_turn.py":
         assert set(figures["latency"]) >= {"10:criogenai", "10:celery get(interval=0)"}
         assert figures["throughput"]["criogenai"]["calls_per_s"] > 0
+    if script == "bench_capacity.py":
+        assert {(r["engine"], r["ok"]) for r in figures["runs"]} == {
+            ("criogenai async", 20), ("criogenai sync", 20), ("plain Celery sync", 20), ("embedded async", 20)
+        }
+        assert figures["footprint"]["ok"] == 200
