@@ -188,7 +188,8 @@ def celery_run(n: int, tmp: Path) -> dict[str, Any]:
 
     name = f"plain{n}@bench"
     argv = [sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker", "-Q", "plain",
-            "--pool", "threads", "-c", str(n), "-n", name, "-l", "WARNING", "--without-gossip", "--without-mingle"]
+            "--pool", "threads", "-c", str(n), "-n", name, "-l", "WARNING",
+            "--without-gossip", "--without-mingle"]
     worker = start_worker(argv, tmp / f"{name}.log")
     try:
         deadline = time.monotonic() + 60
@@ -331,9 +332,9 @@ def main() -> None:
     print(f"{'engine':<20}{'N':>6}{'wall s':>9}{'ok':>7}{'RSS MiB':>9}{'threads':>9}{'Redis conns':>13}"
           f"{'dispatcher conns':>18}")
     for r in out["runs"]:
-        print(f"{r['engine']:<20}{r['concurrency']:>6}{r['wall_s']:>9}{r['ok']:>7}{r.get('peak_rss_mib', '-'):>9}"
-              f"{r.get('threads', '-'):>9}{r.get('redis_connections', '-'):>13}"
-              f"{r.get('dispatcher_connections', '-'):>18}")
+        print(f"{r['engine']:<20}{r['concurrency']:>6}{r['wall_s']:>9}{r['ok']:>7}"
+              f"{r.get('peak_rss_mib', '-'):>9}{r.get('threads', '-'):>9}"
+              f"{r.get('redis_connections', '-'):>13}{r.get('dispatcher_connections', '-'):>18}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 
