@@ -296,3 +296,54 @@ def test_a_concurrency_limit_holds_in_the_embedded_engine() -> None:
         results = d.run_turn_sync([ToolCall(id=f"b{i}", name="busy", arguments={}) for i in range(8)])
     assert [r.status for r in results] == ["ok"] * 8
     assert peak == [2]
+
+
+def test_an_async_tool_run_through_await_run_turn_runs_on_the_callers_loop() -> None:
+    # The Tools page: "async tools run on your event loop". A tool awaiting something the
+    # application made on its loop (a future, a connection pool) must find itself on that loop.
+    async def main() -> tuple[str, str]:
+        app_loop = asyncio.get_running_loop()
+        answer: asyncio.Future[str] = app_loop.create_future()
+
+        @tool
+        async def await_app_future() -> str:
+            """Wait for the application's future."""
+            assert asyncio.get_running_loop() is app_loop
+            return await answer
+
+        with Dispatcher([await_app_future], settings=Settings()) as d:
+            call = ToolCall(id="c", name="await_app_future", arguments={})
+            turn = asyncio.ensure_future(d.run_turn([call]))
+            app_loop.call_later(0.05, answer.set_result, "from the app's loop")
+            [r] = await turn
+        return r.status, r.content
+
+    assert asyncio.run(main()) == ("ok", "from the app's loop")
+
+
+def test_the_embedded_engine_holds_1000_async_calls_at_once() -> None:
+    # Given 1,000 calls of an async tool that each wait until all 1,000 are waiting
+    waiting = 0
+    all_in: asyncio.Event | None = None
+
+    @tool
+    async def gather_point() -> int:
+        """Wait until every call of the turn is here."""
+        nonlocal waiting
+        assert all_in is not None
+        waiting += 1
+        if waiting == 1000:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 30)
+        return waiting
+
+    async def main() -> list[str]:
+        nonlocal all_in
+        all_in = asyncio.Event()
+        limits = {"max_calls_per_turn": 1000, "max_calls_in_flight_per_turn": 1000}
+        with Dispatcher([gather_point], settings=Settings(), limits=limits) as d:
+            calls = [ToolCall(id=f"c{i}", name="gather_point", arguments={}) for i in range(1000)]
+            return [r.status for r in await d.run_turn(calls)]
+
+    # Then all of them are in flight at once, and every one ends ok
+    assert asyncio.run(main()) == ["ok"] * 1000

@@ -152,7 +152,9 @@ class Dispatcher:
         ordered, rid, valid, done = self._prepare(calls, run_id)
         turn = await self._gate.before(rid, valid, done, self._start().ledger if run_id else None)
         sends = self._sends(turn.valid, rid, tenant)
-        future = self._start().submit(rid, sends, check_finished=run_id is not None)
+        future = self._start().submit(
+            rid, sends, check_finished=run_id is not None, loop=asyncio.get_running_loop()
+        )
         try:
             gathered = await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -164,9 +164,10 @@ class Engine:
     # -- submitting -------------------------------------------------------------------------------
 
     def submit(
-        self, run_id: str, sends: list[Send], *, check_finished: bool
+        self, run_id: str, sends: list[Send], *, check_finished: bool, loop: object = None
     ) -> concurrent.futures.Future[dict[str, ToolResult]]:
-        """Publish a turn's calls; the future gives every call's result, by call id."""
+        """Publish a turn's calls; the future gives every call's result, by call id. (``loop``,
+        where the embedded engine runs calls, means nothing here: workers run them.)"""
         turn = _Turn(concurrent.futures.Future(), len(sends))
         if not sends:
             turn.future.set_result({})

@@ -4,13 +4,15 @@ It has the fleet engine's interface (``submit``, ``ledger``, ``reply_to``, ``clo
 call as a worker does, step for step: the signature check, the ledger's claim (a finished call
 never runs again), ``_executor.execute`` (time limit, sync or async, ToolError, cut, exception
 policy), retries with backoff for read-only and idempotent tools, and the result filed under its
-run. Calls run as greenlets on the process's event loop (an async tool awaited there, a sync one
-on a tool thread the greenlet waits for without holding one); one more thread renews claims,
+run. Calls run as greenlets on the caller's event loop (``await run_turn``; the process's loop for
+``run_turn_sync``): an async tool is awaited there, a sync one runs on a tool thread the greenlet
+waits for without holding one; one more thread renews claims,
 starts retries when due, and gives up on calls past their bound, so that every call ends with a result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import heapq
 import itertools
@@ -20,6 +22,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +56,8 @@ BUSY_RECHECK_SECS = 0.25
 class _Turn:
     future: concurrent.futures.Future[dict[str, ToolResult]]
     waiting: int
+    loop: asyncio.AbstractEventLoop | None = None
+    """The caller's event loop (``await run_turn``): its calls run there, async tools included."""
     results: dict[str, ToolResult] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -97,6 +102,9 @@ class InProcessEngine:
         """Carried in each call's task, as the fleet's; results come back directly, not through it."""
         self.token = f"embedded:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._slots = GreenletRunner(SLOTS)
+        self._on_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GreenletRunner] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Condition()
         self._calls: set[_Call] = set()
         """Calls submitted and not answered yet (the watch gives up on them past their bound)."""
@@ -114,10 +122,17 @@ class InProcessEngine:
     # -- submitting -------------------------------------------------------------------------------
 
     def submit(
-        self, run_id: str, sends: list[Send], *, check_finished: bool
+        self,
+        run_id: str,
+        sends: list[Send],
+        *,
+        check_finished: bool,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> concurrent.futures.Future[dict[str, ToolResult]]:
-        """Run a turn's calls; the future gives every call's result, by call id."""
-        turn = _Turn(concurrent.futures.Future(), len(sends))
+        """Run a turn's calls, on ``loop`` when the caller awaits on one (async tools then run on
+        the application's loop, beside its own futures and pools), else on the process loop; the
+        future gives every call's result, by call id."""
+        turn = _Turn(concurrent.futures.Future(), len(sends), loop)
         if check_finished and sends:
             for result in self.ledger.prepare(run_id, [s.payload.call.id for s in sends]).values():
                 self._settle(turn, result)
@@ -163,8 +178,17 @@ class InProcessEngine:
             stop.cancel()
 
     def _start(self, c: _Call) -> None:
-        if not self._closed:  # else close() answers for the call
+        if self._closed:  # close() answers for the call
+            return
+        loop = c.turn.loop
+        if loop is None or loop.is_closed():  # a retry due after the caller's loop ended
             self._slots.submit(self._run, c)
+            return
+        with self._lock:
+            runner = self._on_loops.get(loop)
+            if runner is None:
+                runner = self._on_loops[loop] = GreenletRunner(SLOTS, loop)
+        runner.submit(self._run, c)
 
     # -- one call, as a worker runs it ------------------------------------------------------------
 

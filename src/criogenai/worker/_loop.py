@@ -80,11 +80,11 @@ def wait(awaitable: Awaitable[T]) -> T:
 
 
 class GreenletRunner:
-    """Runs sync functions as greenlets on the process loop, at most ``limit`` at once, and lets
-    a stopping owner wait until every one has ended."""
+    """Runs sync functions as greenlets on an event loop (the process loop unless told another),
+    at most ``limit`` at once, and lets a stopping owner wait until every one has ended."""
 
-    def __init__(self, limit: int) -> None:
-        self.loop = ProcessLoop.get()
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop or ProcessLoop.get()
         self._limit = limit
         self._slots: asyncio.Semaphore | None = None  # made on the loop, where it is used
         self._running = 0
