@@ -61,8 +61,9 @@ def _worker(args: argparse.Namespace) -> int:
         from ._tracing import instrument_worker
 
         instrument_worker(args.pool)
-    app.worker_main(argv)
-    return 0
+    # Celery's exit status (non-zero after an unrecoverable error, so that a supervisor's
+    # restart-on-failure applies); ``worker_main`` would drop it.
+    return int(app.start(argv) or 0)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -192,7 +192,7 @@ class TestQueueHygiene:
         deep = "[" * 5000 + "]" * 5000
         text = json.dumps(body_of(env)).replace(f'"key": "{k}"', f'"key": "{k}", "x": {deep}')
         push(with_body(env, text.encode()))
-        logged(plain, "Can't decode message body")
+        logged(plain, "not a criogenai task message (RecursionError")
         serves(plain)
         assert fleet_tools.runs(k) == 0
 
