@@ -2,7 +2,10 @@
 
 1. It decodes the envelope of every BRPOP'd entry outside any error handling, so one garbage
    LPUSH into a queue crashes the worker ("Unrecoverable error: JSONDecodeError"). The queue is
-   shared infrastructure: a worker must refuse such an entry, say so, and go on.
+   shared infrastructure: a worker must refuse such an entry, say so, and go on. And a message
+   Celery's consumer raises on (a header or body of the wrong type) kept its slot of the prefetch
+   window for ever: here every message is a Celery task message criogenai could have sent
+   (``task_refusal``) or is released.
 2. When the connection to Redis is lost while messages are unacknowledged (a Redis restart in
    the middle of calls), closing the channel tries to restore them through the closed connection
    and raises AttributeError, which Celery treats as unrecoverable: the worker exits instead of
