@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from kombu.utils.url import maybe_sanitize_url
 
@@ -68,8 +69,21 @@ def _worker(args: argparse.Namespace) -> int:
         from ._tracing import instrument_worker
 
         instrument_worker(args.pool)
-    app.worker_main(argv)
-    return exit_status()
+    status = _run_celery(app, argv)
+    return exit_status() or status  # refused credentials: Celery's own status does not say so
+
+
+def _run_celery(app: Any, argv: list[str]) -> int:
+    """Run Celery's command line for ``app``; its exit status, non-zero after an unrecoverable
+    error, so that a supervisor's restart-on-failure applies. ``app.worker_main`` and
+    ``app.start`` drop it (click returns it, they return None): such a worker exited 0."""
+    from celery.bin.celery import celery
+
+    celery.params[0].default = app  # as ``app.start`` does
+    try:
+        return int(celery.main(args=argv, standalone_mode=False) or 0)
+    finally:
+        celery.params[0].default = None
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -18,15 +18,22 @@ def hard_limit_secs(timeout_secs: float) -> float:
     return timeout_secs + min(10.0, max(1.0, 0.1 * timeout_secs))
 
 
+def shown_options(payload: ToolTask) -> dict[str, str]:
+    """What Flower, the worker's log and its control replies show of a call's message: the tool's
+    name and the ids, never the arguments. Celery's retry makes its own otherwise (arguments and all)."""
+    return {
+        "shadow": f"tool:{payload.call.name}",
+        "argsrepr": "()",
+        "kwargsrepr": f"{{run_id: {payload.run_id!r}, call_id: {payload.call.id!r}}}",
+    }
+
+
 def task_options(payload: ToolTask) -> dict[str, Any]:
     """The Celery options of a call's message, shared by both ways of publishing it."""
     return {
         "soft_time_limit": payload.timeout_secs,
         "time_limit": hard_limit_secs(payload.timeout_secs),
-        # What Flower and the worker's log show: the tool's name and the ids, never the arguments.
-        "shadow": f"tool:{payload.call.name}",
-        "argsrepr": "()",
-        "kwargsrepr": f"{{run_id: {payload.run_id!r}, call_id: {payload.call.id!r}}}",
+        **shown_options(payload),
     }
 
 

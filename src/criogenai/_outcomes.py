@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._wire import OnToolException, ToolStatus
+from .tools._content import cut
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,25 @@ class Outcome:
     truncated: bool = False
     retryable: bool = False
     duration_secs: float = 0.0
+
+
+MAX_NAME_SHOWN = 64
+"""The longest tool name a result quotes: no tool's name is longer, so a longer one is forged."""
+
+
+def shown_name(name: str) -> str:
+    """A call's tool name as a result's text quotes it: a forged name of any length cannot flood
+    what the model reads."""
+    if len(name) <= MAX_NAME_SHOWN:
+        return repr(name)
+    return f"{name[:MAX_NAME_SHOWN]!r}... (a name of {len(name):,} characters)"
+
+
+def unknown_tool(name: str, available: list[str], max_chars: int, *, where: str = "") -> Outcome:
+    """No tool of that name (``where``: " on this worker"), cut to what the model may be sent."""
+    text = f"Unknown tool {shown_name(name)}{where}. Available tools: {', '.join(available) or '(none)'}."
+    content = cut(text, max_chars)
+    return Outcome("unknown_tool", content.text, {"available": list(available)}, truncated=content.truncated)
 
 
 def invalid_arguments(name: str, problems: list[str]) -> Outcome:

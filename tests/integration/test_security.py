@@ -20,6 +20,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import pytest
 import redis
 
 from criogenai import Dispatcher, Limits, Retry, Settings, ToolCall, ToolRegistry, ToolResult
-from criogenai._keys import Keys
+from criogenai._keys import Keys, task_id
 from criogenai._message import send_call
 from criogenai._outcomes import GENERIC_FAILURE
 from criogenai._signing import sign
@@ -209,7 +210,7 @@ class TestQueueHygiene:
         deep = "[" * 5000 + "]" * 5000
         text = json.dumps(body_of(env)).replace(f'"key": "{k}"', f'"key": "{k}", "x": {deep}')
         push(with_body(env, text.encode()))
-        logged(plain, "Can't decode message body")
+        logged(plain, "not a criogenai task message (RecursionError")
         serves(plain)
         assert fleet_tools.runs(k) == 0
 
@@ -247,6 +248,40 @@ class TestQueueHygiene:
         assert db().llen(QUEUE) == 0
         serves(plain)
         assert "celery.chord_unlock" not in plain.output()[before:]
+
+    def test_a_huge_unknown_tool_name_is_cut_for_the_model(self, plain: WorkerProcess) -> None:
+        name = "x" * 1_000_000
+        with make_dispatcher() as d:
+            [named] = d.run_turn_sync([ToolCall(id="a", name=name, arguments={})])
+        with make_dispatcher(limits=Limits(max_result_chars=120)) as d:
+            [capped] = d.run_turn_sync([ToolCall(id="a", name=name, arguments={})])
+        assert named.status == capped.status == "unknown_tool"
+        assert "x" * 65 not in named.content and len(named.content) < 1_000
+        assert len(capped.content) <= 120 and capped.truncated
+        # forged straight onto the queue: the worker's refusal is cut to the call's own limit
+        payload = task(name, {}).model_copy(update={"max_result_chars": 50})
+        push(envelope(payload))
+        wait_for(lambda: stored(payload) is not None, what="the refusal to be filed")
+        result = stored(payload)
+        assert result is not None and result.status == "unknown_tool" and len(result.content) <= 50
+        serves(plain)
+
+    def test_control_replies_never_show_a_calls_arguments(self, plain: WorkerProcess) -> None:
+        # Celery's CLI (inspect active/reserved/scheduled/query_task) asks for the arguments.
+        secret, run_id = f"sk-{key()}", f"run-{key()}"
+        calls = [ToolCall(id="slow", name="sleep_for", arguments={"seconds": 4, "key": secret}),
+                 ToolCall(id="retried", name="flaky_read", arguments={"key": secret + "r", "fail_times": 1})]
+        inspect = create_app(Settings(broker_url=fleet_url())).control.inspect(
+            destination=[plain.name], timeout=5)
+        with make_dispatcher(tool_retry=Retry(max_attempts=2, initial_backoff=3, jitter=0)) as d, \
+                ThreadPoolExecutor(1) as ex:
+            turn = ex.submit(d.run_turn_sync, calls, run_id=run_id)
+            wait_for(lambda: (inspect.scheduled() or {}).get(plain.name), what="the retry's countdown")
+            replies = json.dumps([inspect.active(), inspect.scheduled(), inspect.reserved(),
+                                  inspect.query_task(task_id(run_id, "slow"), task_id(run_id, "retried"))])
+            assert [r.status for r in turn.result(30)] == ["ok", "ok"]
+        assert secret not in replies
+        assert "tool:sleep_for" in replies and "tool:flaky_read" in replies and "call_id: 'slow'" in replies
 
     def test_a_forged_tool_name_is_refused_without_running_anything(self, plain: WorkerProcess,
                                                                    tmp_path: Path) -> None:

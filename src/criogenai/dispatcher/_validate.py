@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._config import Limits
-from .._outcomes import invalid_arguments
+from .._outcomes import invalid_arguments, unknown_tool
 from .._wire import ToolCall, ToolResult, ToolStatus
 from ..tools import InvalidArguments, Tool, ToolRegistry, cut
 
@@ -134,13 +134,9 @@ def check_turn(
         seen.add(c.id)
         tool = registry.get(c.name)
         if tool is None:
-            names = ", ".join(registry.names()) or "(none)"
-            done[c.id] = refused(
-                c,
-                run_id,
-                "unknown_tool",
-                f"Unknown tool {c.name!r}. Available tools: {names}.",
-                {"available": registry.names()},
+            out = unknown_tool(c.name, registry.names(), limits.max_result_chars)
+            done[c.id] = refused(c, run_id, "unknown_tool", out.content, out.artifact).model_copy(
+                update={"truncated": out.truncated}
             )
             continue
         shape = _shape_problem(c.arguments, limits)

@@ -18,12 +18,13 @@ from billiard.exceptions import WorkerLostError
 from celery import Celery, Task, signals
 from celery.app.task import get_actual_ignore_result
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.worker.request import Request
 from pydantic import ValidationError
 
 from .._config import backoff_secs
 from .._keys import MAX_LOST_RUNS, TASK_NAME
-from .._message import hard_limit_secs, send_call
-from .._outcomes import CallReport, Outcome, cancelled_before_start, timed_out
+from .._message import hard_limit_secs, send_call, shown_options
+from .._outcomes import CallReport, Outcome, cancelled_before_start, shown_name, timed_out, unknown_tool
 from .._refusals import ErrorBurst
 from .._signing import authentic, refusal, sign_result
 from .._wire import ToolResult, ToolTask
@@ -59,11 +60,9 @@ def _result(payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
 
 def unknown_tool_result(payload: ToolTask, registry: ToolRegistry) -> ToolResult:
     """The result for a call of a tool this worker does not have (a forged name): nothing ran."""
-    call = payload.call
-    text = f"Unknown tool {call.name!r} on this worker. Available tools: {', '.join(registry.names())}."
-    return ToolResult(
-        call_id=call.id, name=call.name, run_id=payload.run_id, status="unknown_tool", content=text
-    )
+    names, limit = registry.names(), payload.max_result_chars
+    outcome = unknown_tool(payload.call.name, names, limit, where=" on this worker")
+    return _result(payload, outcome, 0)
 
 
 def refused_result(payload: ToolTask, why: str) -> ToolResult:
@@ -74,7 +73,7 @@ def refused_result(payload: ToolTask, why: str) -> ToolResult:
         name=call.name,
         run_id=payload.run_id,
         status="not_started",
-        content=f"Tool {call.name!r} was not run: the worker refused the call's message ({why}).",
+        content=f"Tool {shown_name(call.name)} was not run: the worker refused the call's message ({why}).",
         artifact={"refused": why},
     )
 
@@ -248,7 +247,7 @@ class WorkerRuntime:
         if delay is not None:
             self.leases.drop(run_id, call.id)  # idempotent: run again if a late soft limit cut it short
             self.ledger.await_retry(run_id, call.id, self.token, delay)
-            raise task.retry(countdown=delay, max_retries=None)
+            raise task.retry(countdown=delay, max_retries=None, **shown_options(payload))
         return self._finish(payload, outcome, attempt, task)
 
     def _refusal(self, task: Task, payload: ToolTask) -> str | None:
@@ -388,6 +387,15 @@ class WorkerRuntime:
             send_call(self.app, payload, tool.queue)
 
 
+class CallRequest(Request):  # type: ignore[misc]
+    """Celery's request for a call, described in control replies (``inspect active``, ``reserved``,
+    ``scheduled``, ``query_task``) as in logs and Flower: shadow name and ids, never the
+    arguments, which Celery's own CLI asks for (``safe=False``)."""
+
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        return super().info(safe=True)  # type: ignore[no-any-return]
+
+
 def register(app: Celery, runtime: WorkerRuntime) -> None:
     """Register the task and the signal handlers that connect Celery to the runtime."""
 
@@ -401,6 +409,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         shared=False,
         acks_late=True,
         reject_on_worker_lost=False,
+        Request=CallRequest,
         ignore_result=runtime.ledger.stores_celery_results,
         store_errors_even_if_ignored=True,  # a refused message keeps Celery's FAILURE record
     )

@@ -2,7 +2,10 @@
 
 1. It decodes the envelope of every BRPOP'd entry outside any error handling, so one garbage
    LPUSH into a queue crashes the worker ("Unrecoverable error: JSONDecodeError"). The queue is
-   shared infrastructure: a worker must refuse such an entry, say so, and go on.
+   shared infrastructure: a worker must refuse such an entry, say so, and go on. And a message
+   Celery's consumer raises on (a header or body of the wrong type) kept its slot of the prefetch
+   window for ever: here every message is a Celery task message criogenai could have sent
+   (``task_refusal``) or is released.
 2. When the connection to Redis is lost while messages are unacknowledged (a Redis restart in
    the middle of calls), closing the channel tries to restore them through the closed connection
    and raises AttributeError, which Celery treats as unrecoverable: the worker exits instead of
@@ -20,8 +23,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
+from functools import partial
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -90,6 +95,8 @@ class QoS(_RedisQoS):
 
     def drop_kept(self, delivery_tag: str) -> None:
         """Remove a kept entry whose message was refused: it must not be restored."""
+        if delivery_tag not in self._kept:  # not written yet: a single pop's is written by ``append``
+            return
         self._kept.discard(delivery_tag)
         self._send([("ZREM", self.unacked_index_key, delivery_tag), ("HDEL", self.unacked_key, delivery_tag)])
 
@@ -156,6 +163,34 @@ class Channel(_RedisChannel):
             client = self._crg_client
         yield client
 
+    def basic_consume(
+        self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
+    ) -> None:
+        """kombu's consumer, with every message it holds unacknowledged (a task's: Celery's control
+        messages are not acknowledged) either reaching the consumer or released, see ``_crg_take``."""
+        super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        if not no_ack:
+            self.connection._callbacks[queue] = partial(self._crg_take, callback)
+
+    def _crg_take(self, callback: Any, raw: dict[str, Any]) -> None:
+        """Hand a popped message to Celery if it is a task message criogenai could have sent,
+        else refuse it. Either way it never holds its slot of the prefetch window: a message
+        Celery cannot take (its consumer raises instead of rejecting it) is refused here too."""
+        message = self.Message(raw, channel=self)
+        self.qos.append(message, message.delivery_tag)
+        try:
+            why = task_refusal(message)
+            if why is None:
+                callback(message)
+                return
+        except self.connection_errors:
+            raise  # the consumer reconnects; the message is restored with the unacknowledged
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log.error("refused a queue entry that is not a criogenai task message (%s); dropped", why)
+        if not message.acknowledged:
+            message.reject(requeue=False)  # frees its slot and removes its unacknowledged entry
+
     def _brpop_start(self, timeout: Any = None) -> None:
         """Pop up to as many messages as the prefetch window has room for, in one BLMPOP, where
         kombu sends a BRPOP per message; the same keys, priority order, end of the list and
@@ -179,15 +214,14 @@ class Channel(_RedisChannel):
         return None
 
     def _brpop_read(self, **options: Any) -> bool:
-        if not self._crg_batch:
-            try:
-                return bool(super()._brpop_read(**options))
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                _refused_entry(exc)
-                raise Empty() from None
+        """Read the pop's reply (kombu's BRPOP or the batched BLMPOP) and hand on each entry that is
+        a kombu message; kombu decodes and delivers a BRPOP'd entry outside any error handling."""
         try:
             try:
-                popped = self.client.connection.read_response()
+                if self._crg_batch:
+                    popped = self.client.connection.read_response()
+                else:  # kombu's parser: it strips a global_keyprefix from the key
+                    popped = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next poll reconnects
                 raise
@@ -196,16 +230,17 @@ class Channel(_RedisChannel):
             key, items = popped
             dest = _text(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
-            messages = _decoded(items)
+            messages = _decoded(items if self._crg_batch else [items])
             if not messages:
                 raise Empty()
-            # Every popped message is kept as unacknowledged before any is handed on, in one
-            # round trip; if that fails they go back where they were.
-            try:
-                self.qos.keep_unacked(messages)
-            except Exception:
-                self._push_back(key, messages)
-                raise
+            if self._crg_batch:
+                # Every popped message is kept as unacknowledged before any is handed on, in one
+                # round trip; if that fails they go back where they were.
+                try:
+                    self.qos.keep_unacked(messages)
+                except Exception:
+                    self._push_back(key, messages)
+                    raise
             self._hand_on(messages, dest)
             return True
         finally:
@@ -222,7 +257,9 @@ class Channel(_RedisChannel):
             for payload, _ in messages:
                 try:
                     self.connection._deliver(payload, dest)
-                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                except self.connection_errors:
+                    raise
+                except Exception as exc:  # before the consumer saw it (its body's encoding)
                     _refused_entry(exc)
                     self.qos.drop_kept(payload["properties"]["delivery_tag"])
                 done += 1
@@ -247,11 +284,14 @@ class Channel(_RedisChannel):
 
 
 def _refused_entry(exc: Exception) -> None:
-    log.error("refused a queue entry that is not a kombu message (%s: %s); dropped", type(exc).__name__, exc)
+    log.error("refused a queue entry that is not a kombu message (%s: %s); dropped",
+              type(exc).__name__, str(exc)[:200])
 
 
 def _decoded(items: list[bytes]) -> list[tuple[dict[str, Any], str]]:
-    """The kombu messages among popped queue entries, each with its text; others are refused."""
+    """The kombu messages among popped queue entries, each with its text; others are refused.
+    Any entry is refused alone, whatever its bytes: a kombu type hook may raise anything
+    (``{"__type__": "decimal"}``: InvalidOperation), deep nesting RecursionError."""
     out = []
     for item in items:
         try:
@@ -259,13 +299,116 @@ def _decoded(items: list[bytes]) -> list[tuple[dict[str, Any], str]]:
             # kombu's decoder turns {"__type__": ...} objects into values in Python, for every
             # object of the envelope; without any, the C decoder gives the same.
             payload = _kombu_loads(text) if '"__type__"' in text else json.loads(text)
-            if not isinstance(payload["properties"]["delivery_tag"], str):
-                raise TypeError("the delivery tag is not a string")
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            why = _envelope_problem(payload)
+            if why is not None:
+                raise TypeError(why)
+        except Exception as exc:
             _refused_entry(exc)
             continue
         out.append((payload, text))
     return out
+
+
+def _is(value: Any, *types: type) -> bool:
+    """``isinstance``, where a bool is not a number."""
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def _envelope_problem(payload: Any) -> str | None:
+    """Why a decoded entry is not a kombu envelope that kombu's bookkeeping can hold, or None."""
+    if not isinstance(payload, dict):
+        return "not an object"
+    props = payload.get("properties")
+    if not isinstance(props, dict) or not _is(props.get("delivery_tag"), str):
+        return "no delivery tag"
+    delivery = props.get("delivery_info")
+    if not isinstance(delivery, dict) or not all(
+        _text_or_none(delivery.get(name)) for name in ("exchange", "routing_key")
+    ):
+        return "no delivery info"
+    if not all(_text_or_none(payload.get(name)) for name in ("body", "content-type", "content-encoding")):
+        return "a body, content type or encoding that is not a string"
+    if not _text_or_none(props.get("body_encoding")) or not _is(payload.get("headers"), dict, type(None)):
+        return "headers that are not an object"
+    return None
+
+
+def _text_or_none(value: Any) -> bool:
+    return _is(value, str, type(None))
+
+
+def _count(value: Any) -> bool:
+    return _is(value, int) and value >= 0
+
+
+def _time_limits(value: Any) -> bool:
+    return value is None or (_is(value, list) and len(value) == 2
+                             and all(_is(v, int, float, type(None)) for v in value))
+
+
+def _eta_ok(value: Any) -> bool:
+    """An ETA Celery can wait for: a time with its zone (a retry's countdown). One it cannot
+    convert makes it file a failure under the message's task id."""
+    if value is None:
+        return True
+    if not _is(value, str):
+        return False
+    try:
+        eta = datetime.fromisoformat(value)
+        eta.timestamp()
+    except (ValueError, OverflowError, OSError):
+        return False
+    return eta.tzinfo is not None
+
+
+def _scalar(value: Any) -> bool:
+    return _is(value, str, int, float, bool, type(None))
+
+
+_HEADERS: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(("lang", "shadow", "root_id", "parent_id", "group", "argsrepr", "kwargsrepr", "origin"),
+                    _text_or_none),
+    "timelimit": _time_limits,
+    "retries": _count,
+    "replaced_task_nesting": _count,
+    "group_index": lambda v: v is None or _count(v),
+    "ignore_result": lambda v: _is(v, bool, type(None)),
+    "eta": _eta_ok,
+    # Never set by criogenai: with ``expires`` Celery revokes the task's id in this worker (and
+    # discards the genuine call of that id), stamps revoke by header.
+    **dict.fromkeys(("expires", "stamped_headers", "stamps"), lambda v: not v),
+}
+"""What Celery's protocol-2 headers may hold; any other header (criogenai's send time, a trace
+context) a JSON scalar."""
+_EMBED = {"callbacks": list, "errbacks": list, "chain": list, "chord": dict}
+
+
+def task_refusal(message: Any) -> str | None:
+    """Why a message is not a Celery protocol-2 task message criogenai could have sent, or None.
+
+    Checked before Celery's consumer sees it: Celery raises on some wrong types (the message then
+    holds its slot), and acts by task id on others (revokes it, or files a failure under it). The
+    body is decoded here, once: the message keeps it for Celery (kombu's decode cache).
+    """
+    headers = message.headers
+    if not isinstance(headers, dict):
+        return "no headers"
+    if not (_is(headers.get("task"), str) and _is(headers.get("id"), str) and headers["id"]):
+        return "no task name or id"
+    for name, value in headers.items():
+        if not _HEADERS.get(name, _scalar)(value):
+            return f"header {name[:40]!r} is not one criogenai sends"
+    if (message.content_type, message.content_encoding) != ("application/json", "utf-8"):
+        return f"disallowed content type {str(message.content_type)[:60]!r} (JSON only)"
+    body = _kombu_loads(message.body)
+    if not (_is(body, list) and len(body) == 3 and _is(body[0], list) and _is(body[1], dict)
+            and _is(body[2], dict, type(None))):
+        return "the body is not [args, kwargs, embed]"
+    embed = body[2] or {}
+    if any(name not in _EMBED or not _is(value, _EMBED[name], type(None)) for name, value in embed.items()):
+        return "the body's embed is not Celery's"
+    message._decoded_cache = body
+    return None
 
 
 class Transport(_RedisTransport):
