@@ -27,7 +27,7 @@ REDIS_BASE = os.environ.get("CRIOGENAI_TEST_REDIS", "redis://127.0.0.1:6379")
 FLEET_DB = int(os.environ.get("CRIOGENAI_TEST_DB", "12")) + int(
     os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0
 )
-os.environ.setdefault("CRIOGENAI_TEST_COUNTER_URL", f"{REDIS_BASE}/{FLEET_DB}")
+os.environ["CRIOGENAI_TEST_COUNTER_URL"] = f"{REDIS_BASE}/{FLEET_DB}"  # per xdist worker, never inherited
 
 
 def fleet_url(db: int = FLEET_DB) -> str:
