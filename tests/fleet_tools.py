@@ -213,3 +213,13 @@ def report_attempt(ctx: ToolContext, key: str, fail_times: int) -> dict[str, obj
     if n <= fail_times:
         raise ToolError(f"not yet ({n})", retryable=True)
     return {"attempt": ctx.attempt, "call_id": ctx.call_id, "run_id": ctx.run_id}
+
+
+# -- stale and replayed messages (tests/integration/test_stale_messages.py) -----------------------
+
+
+@tool
+def count_then_raise(key: str) -> str:
+    """Count one run under key, then raise an unexpected exception."""
+    n = _count(key)
+    raise RuntimeError(f"run {n} failed")
