@@ -173,8 +173,8 @@ class WorkerRuntime:
         if claim.kind == "expired":
             # Never started and past its deadline, given up, or failed the turn: the dispatcher
             # has already answered for it, so no result is filed. A replayed old message ends here.
-            log.warning("call %s/%s not run: its dispatcher gave up on it or its deadline passed",
-                        run_id, call.id)
+            log.warning("call %s/%s not run: its deadline passed before it started, or its "
+                        "dispatcher gave up on it", run_id, call.id)
             raise Ignore()
         if claim.kind == "cancelled":
             # Its turn was cancelled before this run could start (a first run or a retry).
