@@ -245,3 +245,13 @@ def exits(key: str, secret: str, how: str = "sys.exit") -> str:
     if how == "sys.exit":
         raise SystemExit(f"db password is {secret}")
     raise Shutdown(f"db password is {secret}")
+
+
+# -- stale and replayed messages (tests/integration/test_stale_messages.py) -----------------------
+
+
+@tool
+def count_then_raise(key: str) -> str:
+    """Count one run under key, then raise an unexpected exception."""
+    n = _count(key)
+    raise RuntimeError(f"run {n} failed")

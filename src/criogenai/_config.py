@@ -162,6 +162,11 @@ class Settings(_Value):
     """The Redis transport's redelivery backstop; criogenai's lease recovers calls much sooner.
     Keep it above the longest call and its retry waits (the dispatcher refuses tools that would
     exceed it): a message redelivered earlier is only wasted work, never a second run."""
+    celery_result_records: bool = False
+    """Also keep Celery's own result record (``celery-task-meta-<task id>``) of every call, for
+    the retention, so that stock ``AsyncResult(task_id).get()`` reads it: about 750 bytes a call
+    more. Off, a call's result is kept once, in its run's results hash, and ``AsyncResult`` of a
+    call stays ``PENDING``."""
     signing_secret: str | None = Field(None, repr=False)
     """Shared by dispatchers and workers: calls are signed (HMAC-SHA256) and workers refuse unsigned or
     altered ones. Without it, workers ignore signatures. See ``criogenai._signing``."""
@@ -199,7 +204,14 @@ class Settings(_Value):
             "result_backend": env.get("CRIOGENAI_RESULT_BACKEND") or None,
             "redis_url": env.get("CRIOGENAI_REDIS_URL") or None,
         }
-        named = ("key_prefix", "lease_secs", "retention_secs", "visibility_timeout_secs", "signing_secret")
+        named = (
+            "key_prefix",
+            "lease_secs",
+            "retention_secs",
+            "visibility_timeout_secs",
+            "celery_result_records",
+            "signing_secret",
+        )
         for field in named:
             raw = env.get(f"CRIOGENAI_{field.upper()}")
             if raw:

@@ -32,16 +32,25 @@ class Keys:
         return f"{self.prefix}:{{{run_id}}}:results"
 
     def failed(self, run_id: str) -> str:
-        """Hash: call id → ToolResult JSON of calls that failed the run (``fail``); they may run again."""
+        """Hash: call id → ToolResult JSON of calls that failed the run (``fail``) or whose message
+        was refused; a re-dispatch of the turn may run them again."""
         return f"{self.prefix}:{{{run_id}}}:failed"
 
     def claim(self, run_id: str, call_id: str) -> str:
-        """String ``run:<token>`` (a worker runs it) or ``wait:<n>`` (a retry is due), with a lease TTL."""
+        """String ``run:<token>`` (a worker runs it) or ``wait:<token>`` (its retry is due), with a
+        lease TTL: the only key of a single call, and only while it is unfinished."""
         return f"{self.prefix}:{{{run_id}}}:claim:{call_id}"
 
-    def starts(self, run_id: str, call_id: str) -> str:
-        """Counter of runs started for the call."""
-        return f"{self.prefix}:{{{run_id}}}:starts:{call_id}"
+    def starts(self, run_id: str) -> str:
+        """Hash: call id → runs started, for the run's unfinished calls (a field goes when its call
+        finishes, so a run whose calls all finished leaves no such key)."""
+        return f"{self.prefix}:{{{run_id}}}:starts"
+
+    def stopped(self, run_id: str) -> str:
+        """Hash: call id → why no message of the call may start any more in this dispatch of the
+        turn: ``gave_up`` (its dispatcher reported it ``not_started``, ``lost`` or ``cancelled``)
+        or ``failed`` (it failed the turn). ``prepare`` (a re-dispatch) lifts it."""
+        return f"{self.prefix}:{{{run_id}}}:stopped"
 
     def reply(self, dispatcher_id: str) -> str:
         """List a dispatcher waits on: the results of the calls it published."""

@@ -67,8 +67,8 @@ def test_fast_publisher_message_equals_kombus_message(redis_up: None) -> None:
 
 
 def test_each_finished_call_has_celerys_own_result_record(worker_factory) -> None:  # type: ignore[no-untyped-def]
-    # Given a turn run on a real worker
-    worker_factory(pool="threads", concurrency=2)
+    # Given a turn run on a real worker that keeps Celery's result records (the setting)
+    worker_factory(pool="threads", concurrency=2, extra_env={"CRIOGENAI_CELERY_RESULT_RECORDS": "1"})
     with make_dispatcher() as d:
         results = d.run_turn_sync([ToolCall(id=f"c{i}", name="echo", arguments={"text": f"t{i}"})
                                    for i in range(3)], run_id="run-celery-compat")
@@ -78,6 +78,19 @@ def test_each_finished_call_has_celerys_own_result_record(worker_factory) -> Non
     for r in results:
         stored = app.AsyncResult(task_id("run-celery-compat", r.call_id)).get(timeout=5)
         assert ToolResult.model_validate(stored) == r.model_copy(update={"artifact": None})
+
+
+def test_without_the_setting_no_celery_result_record_is_kept(worker_factory) -> None:  # type: ignore[no-untyped-def]
+    # Given a worker with the default settings
+    worker_factory(pool="threads", concurrency=2)
+    with make_dispatcher() as d:
+        [r] = d.run_turn_sync([ToolCall(id="c", name="echo", arguments={"text": "t"})],
+                              run_id="run-no-record")
+    assert r.content == "t"
+    # Then the result is kept once, with the run, and Celery knows nothing of the task
+    app = create_app(Settings(broker_url=fleet_url()))
+    assert app.AsyncResult(task_id("run-no-record", "c")).state == "PENDING"
+    assert not redis.Redis.from_url(fleet_url()).exists(f"celery-task-meta-{task_id('run-no-record', 'c')}")
 
 
 

@@ -182,7 +182,8 @@ def test_a_retry_waiting_longer_than_the_visibility_timeout_runs_once(worker_fac
 
 
 def test_poison_messages_are_refused_and_the_worker_keeps_serving(worker_factory) -> None:
-    w = worker_factory(pool="threads", concurrency=2)
+    # Celery's result records on, to read what the worker stored for each refused message
+    w = worker_factory(pool="threads", concurrency=2, extra_env={"CRIOGENAI_CELERY_RESULT_RECORDS": "1"})
     client = redis.Redis.from_url(fleet_url())
     app = create_app(Settings(broker_url=fleet_url()))
     app.conf.accept_content = ["json", "pickle"]  # the sender may; the worker must not

@@ -531,7 +531,9 @@ def _decoded(value: bytes) -> list[bytes]:
 
 def test_a_secret_raised_under_return_generic_stays_in_the_runs_artifact_only(worker_factory) -> None:  # type: ignore[no-untyped-def]
     db().flushdb()
-    worker = worker_factory(tools=TOOLS, pool="prefork", concurrency=2, queues=QUEUE)
+    # Celery's result records on, to check them too
+    worker = worker_factory(tools=TOOLS, pool="prefork", concurrency=2, queues=QUEUE,
+                            extra_env={"CRIOGENAI_CELERY_RESULT_RECORDS": "1"})
     account = key()
     with make_dispatcher(on_tool_exception="return_generic") as d:
         failed, told = d.run_turn_sync([

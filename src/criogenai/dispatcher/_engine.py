@@ -13,7 +13,9 @@ ends at once the calls whose live workers (as the catalog shows them) have no se
 
 Admission (``_admission``) holds back a turn's calls beyond its cap and calls over a fleet-wide
 limit. Cancelling a run makes its unstarted calls unclaimable (``abandon``) and tells its running
-ones to stop (the workers see the run's cancel mark when they renew their leases).
+ones to stop (the workers see the run's cancel mark when they renew their leases). A call reported
+``not_started`` or ``lost`` is made unclaimable too (``abandon``, ``give_up``), so that a copy still
+queued never runs after the model was told; re-dispatching the turn lifts that.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ class Engine:
             key = (run_id, s.payload.call.id)
             try:
                 if reachable:
-                    started = not self.ledger.abandon(run_id, key[1], self.limits.queue_wait_secs + 60)
+                    started = not self.ledger.abandon(run_id, key[1])
                     with self._lock:
                         if started and key in self._pending:
                             continue
@@ -295,7 +297,7 @@ class Engine:
         with self._lock:
             mine = [(cid, p) for (r, cid), p in self._pending.items() if r == run_id and p.cancel_by is None]
         for cid, p in mine:
-            if self.ledger.abandon(run_id, cid, self.limits.queue_wait_secs + 60):
+            if self.ledger.abandon(run_id, cid):
                 name = p.send.payload.call.name
                 self._give_up(run_id, p.send.payload, "cancelled", cancelled_before_start(name).content)
             else:
@@ -374,6 +376,7 @@ class Engine:
         return kept
 
     def _send(self, sends: list[Send]) -> None:
+        self._note_server()
         if self._fast is not None:
             self._fast.publish([(s.payload, s.queue) for s in sends])
             return
@@ -469,7 +472,7 @@ class Engine:
     ) -> None:
         payload, name = p.send.payload, p.send.payload.call.name
         if now > p.final_deadline:
-            self.ledger.abandon(run_id, payload.call.id, self.limits.queue_wait_secs)
+            self.ledger.give_up(run_id, payload.call.id)  # copies still queued must not run later
             self._give_up(
                 run_id,
                 payload,
@@ -495,9 +498,7 @@ class Engine:
             self._redrive(run_id, p, now)
             return
         no_worker = not live[queue] and now - p.published >= self.limits.no_worker_secs
-        if (now > p.queue_deadline or no_worker) and self.ledger.abandon(
-            run_id, payload.call.id, self.limits.queue_wait_secs + 60
-        ):
+        if (now > p.queue_deadline or no_worker) and self.ledger.abandon(run_id, payload.call.id):
             why = (
                 f"no worker is serving queue {queue!r}"
                 if no_worker
@@ -510,10 +511,20 @@ class Engine:
                 f"Tool {payload.call.name!r} was not started: {why}. It will not run later.",
             )
 
+    def _note_server(self) -> None:
+        """Take the server's id as the baseline before the first publish: a restart any time after
+        it is then seen by the monitor (whose first pass comes half a second later)."""
+        if self._server_id is None:
+            server = self.ledger.server_id()
+            with self._lock:
+                if self._server_id is None:
+                    self._server_id = server
+
     def _check_server(self, now: float) -> None:
         """Redis restarted without its data: queued messages, claims and results are gone."""
         server = self.ledger.server_id()
-        previous, self._server_id = self._server_id, server
+        with self._lock:
+            previous, self._server_id = self._server_id, server
         if previous is None or previous == server:
             return
         with self._lock:
@@ -523,6 +534,7 @@ class Engine:
             if p.send.resend_safe:
                 self._redrive(run_id, p, now)
             else:
+                self.ledger.give_up(run_id, p.send.payload.call.id)
                 self._give_up(run_id, p.send.payload, "lost",
                               f"Tool {p.send.payload.call.name!r} may or may not have run: the "
                               "store lost its data while the call was in flight, and the tool is "
@@ -533,6 +545,7 @@ class Engine:
         p.redrives += 1
         p.suspect = None
         if p.redrives > payload.max_attempts + MAX_LOST_RUNS + 1:
+            self.ledger.give_up(run_id, payload.call.id)  # the copies sent meanwhile must not run
             self._give_up(
                 run_id,
                 payload,

@@ -348,7 +348,7 @@ class InProcessEngine:
                     stop.cancel()
         for c in overdue:
             payload = c.send.payload
-            self.ledger.abandon(payload.run_id, payload.call.id, self.limits.queue_wait_secs)
+            self.ledger.give_up(payload.run_id, payload.call.id)
             self._answer(
                 c,
                 _ended(

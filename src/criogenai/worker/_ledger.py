@@ -5,6 +5,20 @@ again" is kept here: a worker claims a call before running it (refused if the ca
 another live worker holds it), renews the claim's lease while it runs, and files the result under
 the run in the same atomic step that drops the claim and tells the waiting dispatcher.
 
+Who may start a call (``claim``), the rule both implementations keep: a message starts a run of
+the call only if the call is not finished, no live run holds it, its run was not cancelled, and
+no give-up or failure stops it in this dispatch (see ``Keys.stopped``); and then only while its
+deadline lasts, unless the call already started in this dispatch (a retry's ``wait:`` claim, or a
+copy re-sent after its worker died: start count > 0), which continues a call its dispatcher still
+waits for. So a message replayed after the call's outcome was filed never runs it (``finish``
+clears the start count, and a ``fail``ed call is marked stopped), while a re-dispatch of the turn
+(``prepare`` first, then new messages with a new deadline) may run a ``fail``ed or given-up call
+again.
+
+What a finished call leaves in Redis: its entry in the run's results hash, and Celery's result
+record only when ``Settings.celery_result_records`` asks for it. Its claim and start count go
+when it finishes.
+
 Two implementations share one interface: ``RedisLedger`` for a fleet, ``MemoryLedger`` for the
 embedded engine (one process).
 """
@@ -73,7 +87,10 @@ class Renewal:
 
 class Ledger(Protocol):
     lease_secs: float
+    celery_records: bool
+    """Celery's result record is wanted for every call (``Settings.celery_result_records``)."""
     stores_celery_results: bool
+    """``finish`` writes that record itself (the result backend is this Redis)."""
     broker_acks: bool
     """``finish`` also acknowledges the call's broker message (the broker is this Redis)."""
 
@@ -106,8 +123,11 @@ class Ledger(Protocol):
         delivery_tag: str | None = None,
     ) -> bool:
         """File a call's result under its run (``done``; else as a failure a re-dispatch may run
-        again), drop the claim, notify ``reply_to``. With ``delivery_tag``, also acknowledge the
-        call's broker message in the same round trip (when the broker is this Redis)."""
+        again), drop the claim and the start count, notify ``reply_to``. With ``delivery_tag``,
+        also acknowledge the call's broker message in the same round trip (when the broker is
+        this Redis). True when filed; False when the call had finished already, or when another
+        run holds the claim now (fencing: ``token``'s lease ran out, say a stopped worker resumed,
+        and the call runs elsewhere, whose result is the one filed). ``token`` None: any holder."""
         ...
     def release(self, run_id: str, call_id: str) -> None: ...
     def evict(self, run_id: str, call_id: str) -> None:
@@ -116,11 +136,17 @@ class Ledger(Protocol):
         ...
 
     def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
-        """Before (re)dispatching: the calls already finished, and lift earlier give-ups."""
+        """Before (re)dispatching: the calls already finished; lifts earlier give-ups and failures."""
         ...
 
-    def abandon(self, run_id: str, call_id: str, ttl_secs: float) -> bool:
-        """Mark a never-started call so no worker starts it; False if one already has."""
+    def abandon(self, run_id: str, call_id: str) -> bool:
+        """Stop a never-started call: no message of it starts until a re-dispatch. False (and
+        nothing marked) if a run of it has started, or it has an outcome."""
+        ...
+
+    def give_up(self, run_id: str, call_id: str) -> None:
+        """Stop a call its dispatcher reported ``lost``, started or not: no message of it starts
+        any more until a re-dispatch (a run going on now may still finish and be filed)."""
         ...
 
     def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]: ...
@@ -137,29 +163,46 @@ class Ledger(Protocol):
         ...
 
 
+# KEYS: results, claim, starts, cancel mark, stopped. ARGV: call id, token, lease ms, retention
+# secs, now, deadline. The rule is the module's docstring's.
 _CLAIM = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return -1 end
 local held = redis.call('GET', KEYS[2])
 if held and string.sub(held, 1, 4) == 'run:' then return -2 end
-if held and string.sub(held, 1, 5) == 'stop:' then return -3 end
+if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then return -3 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return -4 end
-if tonumber(ARGV[5]) > tonumber(ARGV[6]) and not redis.call('GET', KEYS[3]) then return -3 end
+if tonumber(ARGV[5]) > tonumber(ARGV[6]) and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then
+  return -3
+end
 redis.call('SET', KEYS[2], 'run:' .. ARGV[2], 'PX', ARGV[3])
-local n = redis.call('INCR', KEYS[3])
+local n = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 return n
 """
 
-# KEYS: results hash, then one claim key per call. ARGV: call ids.
-# Returns the stored results (or false) and clears 'stop:' marks: the calls may run again.
+# KEYS: results, stopped. ARGV: call ids. Returns the stored results (or false) and lifts the
+# calls' give-ups and failures: this dispatch may run them again.
 _PREPARE = """
 local out = {}
 for i, call in ipairs(ARGV) do
   out[i] = redis.call('HGET', KEYS[1], call)
-  local held = redis.call('GET', KEYS[i + 1])
-  if held and string.sub(held, 1, 5) == 'stop:' then redis.call('DEL', KEYS[i + 1]) end
+  redis.call('HDEL', KEYS[2], call)
 end
 return out
+"""
+
+# KEYS: results, claim, starts, stopped. ARGV: call id, retention secs, '1' = only a call that never
+# started. A call with an outcome (finished, or failed the turn) is left as it is.
+_STOP = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 or redis.call('HGET', KEYS[4], ARGV[1]) == 'failed' then
+  return 0
+end
+if ARGV[3] == '1' then
+  if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 0 end
+end
+redis.call('HSET', KEYS[4], ARGV[1], 'gave_up')
+redis.call('EXPIRE', KEYS[4], ARGV[2])
+return 1
 """
 
 # KEYS: claim, the run's cancel mark. Returns -1 when the run was cancelled (the lease is still
@@ -182,21 +225,32 @@ return 1
 
 # KEYS: results-or-failed hash, results hash, claim, reply list (or a dummy)
 # ARGV: call id, result json, retention secs, token ('' = any holder), reply ttl, has reply,
-# Celery's result record ('' = none), the message's delivery tag ('' = leave the ack to kombu)
+# Celery's result record ('' = none), the message's delivery tag ('' = leave the ack to kombu),
+# '1' if the result finishes the call ('0': it failed the turn, or the message was refused)
 # KEYS 6 and 7: kombu's unacked hash and index. Acknowledging here spares the worker a round trip
 # per call, and makes "result filed" and "message acknowledged" one atomic step.
+# KEYS 8 and 9: the run's start counts and stopped calls.
+# Returns 1 when filed, 0 when the call had finished, -1 when another run holds it (fenced).
 _FINISH = """
 if ARGV[8] ~= '' then
   redis.call('ZREM', KEYS[7], ARGV[8])
   redis.call('HDEL', KEYS[6], ARGV[8])
 end
 local held = redis.call('GET', KEYS[3])
-if held and (ARGV[4] == '' or held == 'run:' .. ARGV[4] or held == 'wait:' .. ARGV[4]) then
+if held then
+  if ARGV[4] ~= '' and held ~= 'run:' .. ARGV[4] and held ~= 'wait:' .. ARGV[4] then return -1 end
   redis.call('DEL', KEYS[3])
 end
+if ARGV[9] == '1' or held then redis.call('HDEL', KEYS[8], ARGV[1]) end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+if ARGV[9] == '0' and held then
+  -- a run's outcome that failed the turn: no old message may run the call again (a refusal,
+  -- whose token held nothing, stops nothing)
+  redis.call('HSET', KEYS[9], ARGV[1], 'failed')
+  redis.call('EXPIRE', KEYS[9], ARGV[3])
+end
 if ARGV[6] == '1' then
   redis.call('RPUSH', KEYS[4], ARGV[2])
   redis.call('EXPIRE', KEYS[4], ARGV[5])
@@ -245,16 +299,16 @@ def _finished(call_ids: list[str], raw: list[bytes | None]) -> dict[str, ToolRes
     return {cid: r for (cid, _), r in zip(found, _parsed([v for _, v in found]), strict=True) if r}
 
 
-def _progress(call_ids: list[str], raw: list[bytes | None]) -> dict[str, Progress]:
-    """Progress from an MGET of the calls' claims, then their start counts."""
-    n = len(call_ids)
+def _progress(
+    call_ids: list[str], claims: list[bytes | None], starts: list[bytes | None]
+) -> dict[str, Progress]:
+    """Progress from an MGET of the calls' claims and an HMGET of their start counts."""
     out: dict[str, Progress] = {}
-    for i, cid in enumerate(call_ids):
-        held, starts = raw[i], raw[n + i]
+    for cid, held, n in zip(call_ids, claims, starts, strict=True):
         state: Literal["none", "running", "waiting_retry"] = "none"
         if held is not None:
             state = "running" if held.startswith(b"run:") else "waiting_retry"
-        out[cid] = Progress(state, int(starts or 0))
+        out[cid] = Progress(state, int(n or 0))
     return out
 
 
@@ -360,13 +414,16 @@ class RedisLedger:
         prefix: str = "crg",
         lease_secs: float = 10.0,
         retention_secs: int = 7 * 24 * 3600,
+        celery_records: bool = False,
         celery_results: bool = False,
         broker_acks: bool = False,
     ) -> None:
         self.keys = Keys(prefix)
-        self.stores_celery_results = celery_results
-        """Also write Celery's ``celery-task-meta-<id>`` record in the same step (one round trip
-        instead of three), so the worker's task can skip Celery's own result store."""
+        self.celery_records = celery_records
+        self.stores_celery_results = celery_records and celery_results
+        """Write Celery's ``celery-task-meta-<id>`` record in ``finish`` (one round trip instead
+        of three; ``celery_results``: the result backend is this Redis), so the worker's task can
+        skip Celery's own result store."""
         self.broker_acks = broker_acks
         """The broker is this Redis: ``finish`` may acknowledge the call's message too."""
         self.lease_secs = lease_secs
@@ -386,11 +443,14 @@ class RedisLedger:
         self._await_retry = self.client.register_script(_AWAIT_RETRY)
         self._finish = self.client.register_script(_FINISH)
         self._prepare = self.client.register_script(_PREPARE)
+        self._stop = self.client.register_script(_STOP)
         self._hot = _HotScripts(self.client)
 
     def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
         k = self.keys
-        keys = [k.results(run_id), k.claim(run_id, call_id), k.starts(run_id, call_id), k.cancel(run_id)]
+        keys = [
+            k.results(run_id), k.claim(run_id, call_id), k.starts(run_id), k.cancel(run_id), k.stopped(run_id)
+        ]
         lease_ms = int(self.lease_secs * 1000)
         args: list[str | int | float] = [
             call_id, token, lease_ms, self.retention_secs, repr(time.time()), repr(deadline)
@@ -454,6 +514,8 @@ class RedisLedger:
             _META + tid,
             UNACKED_KEY,
             UNACKED_INDEX_KEY,
+            k.starts(run_id),
+            k.stopped(run_id),
         ]
         args: list[str | int | float] = [
             result.call_id,
@@ -464,8 +526,9 @@ class RedisLedger:
             "1" if reply_to else "0",
             _celery_meta(tid, result) if self.stores_celery_results else "",
             tag,
+            "1" if done else "0",
         ]
-        return bool(self._hot.run(self._finish, keys, args))
+        return int(cast(int, self._hot.run(self._finish, keys, args))) == 1
 
     def release(self, run_id: str, call_id: str) -> None:
         self.client.delete(self.keys.claim(run_id, call_id))
@@ -476,17 +539,20 @@ class RedisLedger:
     def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         if not call_ids:
             return {}
-        raw = self._prepare(
-            keys=[self.keys.results(run_id), *(self.keys.claim(run_id, c) for c in call_ids)],
-            args=call_ids,
-        )
+        raw = self._prepare(keys=[self.keys.results(run_id), self.keys.stopped(run_id)], args=call_ids)
         return _finished(call_ids, raw)
 
-    def abandon(self, run_id: str, call_id: str, ttl_secs: float) -> bool:
-        key, starts = self.keys.claim(run_id, call_id), self.keys.starts(run_id, call_id)
-        if self.client.get(starts):
-            return False
-        return bool(self.client.set(key, "stop:", nx=True, px=int(ttl_secs * 1000)))
+    def abandon(self, run_id: str, call_id: str) -> bool:
+        return self._stop_call(run_id, call_id, only_unstarted=True)
+
+    def give_up(self, run_id: str, call_id: str) -> None:
+        self._stop_call(run_id, call_id, only_unstarted=False)
+
+    def _stop_call(self, run_id: str, call_id: str, *, only_unstarted: bool) -> bool:
+        k = self.keys
+        keys = [k.results(run_id), k.claim(run_id, call_id), k.starts(run_id), k.stopped(run_id)]
+        args: list[str | int] = [call_id, self.retention_secs, "1" if only_unstarted else "0"]
+        return bool(self._stop(keys=keys, args=args))
 
     def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         if not call_ids:
@@ -497,9 +563,11 @@ class RedisLedger:
     def progress(self, run_id: str, call_ids: list[str]) -> dict[str, Progress]:
         if not call_ids:
             return {}
-        # One MGET (the keys share the run's hash tag): a monitor looks at thousands of calls.
-        raw = cast(list[bytes | None], self.client.mget(self._progress_keys(run_id, call_ids)))
-        return _progress(call_ids, raw)
+        # One round trip: a monitor looks at thousands of calls.
+        pipe = self.client.pipeline(transaction=False)
+        self._ask_progress(pipe, run_id, call_ids)
+        claims, starts = pipe.execute()
+        return _progress(call_ids, claims, starts)
 
     def look(self, calls: dict[str, list[str]]) -> dict[str, Look]:
         # One round trip for every run: with many small turns in flight, a round trip or two per
@@ -510,16 +578,17 @@ class RedisLedger:
         pipe = self.client.pipeline(transaction=False)
         for run_id, ids in runs:
             pipe.hmget(self.keys.results(run_id), ids)
-            pipe.mget(self._progress_keys(run_id, ids))
+            self._ask_progress(pipe, run_id, ids)
         raw = pipe.execute()
         return {
-            run_id: Look(_finished(ids, raw[2 * i]), _progress(ids, raw[2 * i + 1]))
+            run_id: Look(_finished(ids, raw[3 * i]), _progress(ids, raw[3 * i + 1], raw[3 * i + 2]))
             for i, (run_id, ids) in enumerate(runs)
         }
 
-    def _progress_keys(self, run_id: str, call_ids: list[str]) -> list[str]:
-        k = self.keys
-        return [k.claim(run_id, c) for c in call_ids] + [k.starts(run_id, c) for c in call_ids]
+    def _ask_progress(self, pipe: Any, run_id: str, call_ids: list[str]) -> None:
+        """Queue the two reads of ``_progress`` (an MGET of claims, an HMGET of start counts)."""
+        pipe.mget([self.keys.claim(run_id, c) for c in call_ids])
+        pipe.hmget(self.keys.starts(run_id), call_ids)
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
         # The hottest command of a dispatcher (one per batch of results).
@@ -560,6 +629,7 @@ class MemoryLedger:
 
     def __init__(self, *, lease_secs: float = 10.0) -> None:
         self.lease_secs = lease_secs
+        self.celery_records = False
         self.stores_celery_results = False
         self.broker_acks = False
         self._lock = threading.Condition()
@@ -567,6 +637,7 @@ class MemoryLedger:
         self._failed: dict[str, dict[str, ToolResult]] = defaultdict(dict)
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
         self._starts: dict[tuple[str, str], int] = defaultdict(int)
+        self._stopped: dict[tuple[str, str], str] = {}
         self._replies: dict[str, list[ToolResult]] = defaultdict(list)
         self._workers: dict[str, dict[str, float]] = defaultdict(dict)
         self._cancelled: set[str] = set()
@@ -586,7 +657,7 @@ class MemoryLedger:
             held = self._held(key)
             if held is not None and held.startswith("run:"):
                 return Claim("busy")
-            if held == "stop:":
+            if key in self._stopped:
                 return Claim("expired")
             if run_id in self._cancelled:
                 return Claim("cancelled")
@@ -640,11 +711,17 @@ class MemoryLedger:
         key = (run_id, result.call_id)
         with self._lock:
             held = self._held(key)
-            if held is not None and (token is None or held in ("run:" + token, "wait:" + token)):
+            if held is not None:
+                if token is not None and held not in ("run:" + token, "wait:" + token):
+                    return False  # fenced: another run holds the call
                 self._claims.pop(key, None)
+            if done or held is not None:
+                self._starts.pop(key, None)
             if result.call_id in self._results[run_id]:
                 return False
             (self._results if done else self._failed)[run_id][result.call_id] = result
+            if not done and held is not None:
+                self._stopped[key] = "failed"
             if reply_to:
                 self._replies[reply_to].append(result)
                 self._lock.notify_all()
@@ -661,17 +738,23 @@ class MemoryLedger:
     def prepare(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         with self._lock:
             for cid in call_ids:
-                held = self._held((run_id, cid))
-                if held is not None and held.startswith("stop:"):
-                    self._claims.pop((run_id, cid), None)
+                self._stopped.pop((run_id, cid), None)
         return self.finished(run_id, call_ids)
 
-    def abandon(self, run_id: str, call_id: str, ttl_secs: float) -> bool:
+    def abandon(self, run_id: str, call_id: str) -> bool:
+        return self._stop_call(run_id, call_id, only_unstarted=True)
+
+    def give_up(self, run_id: str, call_id: str) -> None:
+        self._stop_call(run_id, call_id, only_unstarted=False)
+
+    def _stop_call(self, run_id: str, call_id: str, *, only_unstarted: bool) -> bool:
         key = (run_id, call_id)
         with self._lock:
-            if self._starts.get(key) or self._held(key) is not None:
+            if call_id in self._results[run_id] or self._stopped.get(key) == "failed":
                 return False
-            self._claims[key] = ("stop:", time.monotonic() + ttl_secs)
+            if only_unstarted and (self._starts.get(key) or self._held(key) is not None):
+                return False
+            self._stopped[key] = "gave_up"
             return True
 
     def finished(self, run_id: str, call_ids: list[str]) -> dict[str, ToolResult]:

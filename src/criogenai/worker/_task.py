@@ -181,9 +181,10 @@ class WorkerRuntime:
 
         claim = self._claim(payload)
         if claim.kind == "expired":
-            # Never started and past its deadline (or given up): the dispatcher has already
-            # answered for it, so no result is filed. A replayed old message ends here too.
-            log.warning("call %s/%s not run: its deadline passed before it started", run_id, call.id)
+            # Never started and past its deadline, given up, or failed the turn: the dispatcher
+            # has already answered for it, so no result is filed. A replayed old message ends here.
+            log.warning("call %s/%s not run: its deadline passed before it started, or its "
+                        "dispatcher gave up on it", run_id, call.id)
             raise Ignore()
         if claim.kind == "cancelled":
             # Its turn was cancelled before this run could start (a first run or a retry).
@@ -401,8 +402,11 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
 
     # shared=False: a task shared across apps would make a second app in this process (a second
     # worker app with other tools) run the first app's tools.
-    # When the ledger writes Celery's result record itself (in the step that files the result),
-    # Celery's own store would only write it again, at two more round trips.
+    # Celery's result records only when the settings ask for them; when the ledger writes them
+    # itself (in the step that files the result), Celery's own store would only write them again,
+    # at two more round trips.
+    records = runtime.ledger.celery_records
+
     @app.task(  # type: ignore[untyped-decorator]
         name=TASK_NAME,
         bind=True,
@@ -410,8 +414,8 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         acks_late=True,
         reject_on_worker_lost=False,
         Request=CallRequest,
-        ignore_result=runtime.ledger.stores_celery_results,
-        store_errors_even_if_ignored=True,  # a refused message keeps Celery's FAILURE record
+        ignore_result=runtime.ledger.stores_celery_results or not records,
+        store_errors_even_if_ignored=records,  # with records, a refused message keeps its FAILURE
     )
     def call(self: Task, task: Any = None) -> _Returned:
         return runtime.run(self, task)
