@@ -562,6 +562,10 @@ class Engine:
         """Stop; every call still in flight ends now (``lost``: it may still run and be filed under
         its run, where re-dispatching the turn finds it), so that no waiting turn hangs."""
         self._closed.set()
+        try:
+            self.ledger.wake(self.reply_to)  # the gatherer may be in a pop of up to a second
+        except Exception:  # Redis away: the pop ends on its own timeout
+            log.debug("could not wake the gatherer", exc_info=True)
         unsent = self._admission.close()
         self._publisher.shutdown(wait=True)
         self._gatherer.join(timeout=5)

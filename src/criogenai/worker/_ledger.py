@@ -156,6 +156,9 @@ class Ledger(Protocol):
         ...
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]: ...
+    def wake(self, reply_to: str) -> None:
+        """End a ``pop_replies`` waiting on ``reply_to`` now (a closing dispatcher)."""
+        ...
     def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None: ...
     def live_workers(self, queue: str) -> list[str]: ...
     def server_id(self) -> str:
@@ -263,6 +266,8 @@ end
 return 1
 """
 
+_WAKE = b"wake"
+"""Pushed on a reply list to end its dispatcher's blocking pop; never a result."""
 _META = "celery-task-meta-"
 UNACKED_KEY, UNACKED_INDEX_KEY = "unacked", "unacked_index"
 """kombu's Redis transport keeps unacknowledged messages here (its defaults, which criogenai keeps)."""
@@ -598,7 +603,13 @@ class RedisLedger:
         if not popped:
             return []
         _key, values = popped
-        return [r for r in _parsed(values) if r is not None]
+        return [r for r in _parsed([v for v in values if v != _WAKE]) if r is not None]
+
+    def wake(self, reply_to: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(reply_to, _WAKE)
+        pipe.expire(reply_to, 60)  # left behind when the gatherer was not popping: it goes
+        pipe.execute()
 
     def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -641,6 +652,7 @@ class MemoryLedger:
         self._replies: dict[str, list[ToolResult]] = defaultdict(list)
         self._workers: dict[str, dict[str, float]] = defaultdict(dict)
         self._cancelled: set[str] = set()
+        self._woken: set[str] = set()
 
     def _held(self, key: tuple[str, str]) -> str | None:
         held = self._claims.get(key)
@@ -778,8 +790,15 @@ class MemoryLedger:
 
     def pop_replies(self, reply_to: str, timeout_secs: float) -> list[ToolResult]:
         with self._lock:
-            self._lock.wait_for(lambda: bool(self._replies.get(reply_to)), timeout_secs)
+            self._lock.wait_for(lambda: bool(self._replies.get(reply_to)) or reply_to in self._woken,
+                                timeout_secs)
+            self._woken.discard(reply_to)
             return self._replies.pop(reply_to, [])
+
+    def wake(self, reply_to: str) -> None:
+        with self._lock:
+            self._woken.add(reply_to)
+            self._lock.notify_all()
 
     def heartbeat(self, worker: str, queues: list[str], *, stop: bool = False) -> None:
         with self._lock:
