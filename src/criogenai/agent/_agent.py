@@ -23,6 +23,7 @@ from .._outcomes import invalid_arguments
 from .._wire import OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
 from ..tools import DEFAULT_QUEUE, Tool, ToolContext, ToolRegistry, tool
+from ._anthropic import AnthropicModel
 from ._model import (
     AssistantMessage,
     FakeModel,
@@ -60,14 +61,19 @@ class RunResult(BaseModel):
 
 
 def resolve_model(model: Model | str) -> Model:
-    """``"openai:MODEL"``, ``"fake"`` (a FakeModel that echoes the prompt) or a Model instance."""
+    """``"openai:MODEL"``, ``"anthropic:MODEL"``, ``"fake"`` (a FakeModel that echoes the prompt) or
+    a Model instance."""
     if isinstance(model, str):
         if model == "fake":
             return FakeModel()
         provider, _, name = model.partition(":")
         if provider == "openai" and name:
             return OpenAIModel(name)
-        raise ConfigurationError(f"unknown model {model!r}: use 'openai:MODEL', 'fake' or a Model object")
+        if provider == "anthropic" and name:
+            return AnthropicModel(name)
+        raise ConfigurationError(
+            f"unknown model {model!r}: use 'openai:MODEL', 'anthropic:MODEL', 'fake' or a Model object"
+        )
     if isinstance(model, Model):
         return model
     raise ConfigurationError(f"{model!r} is not a model: it needs an async complete(request) method")
