@@ -1,19 +1,23 @@
-"""A local stand-in for an OpenAI-compatible chat-completions server, in a thread of the test.
+"""A local stand-in for a model API server (OpenAI chat completions, Anthropic Messages), in a thread.
 
-It answers ``POST /v1/chat/completions`` with scripted replies and keeps every request (headers
-and JSON body), so a test can assert the wire format both ways. Never the internet.
+It answers every POST with scripted replies and keeps every request (headers and JSON body) and
+every reply body, so a test can assert the wire format both ways. A successful reply without a
+``model`` gets the requested one, as the real APIs do. Never the internet.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Reply = tuple[int, dict[str, Any]] | Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+Answer = tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], dict[str, str]]
+"""Status and body, and optionally headers to send (``retry-after``, say)."""
+Reply = Answer | Callable[[dict[str, Any]], Answer]
 
 
 def completion(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -24,9 +28,12 @@ def completion(content: str | None = None, tool_calls: list[dict[str, Any]] | No
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
+        "created": int(time.time()),
         "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop",
+             "logprobs": None}
         ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
     }
 
 
@@ -35,12 +42,36 @@ def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def anthropic_message(
+    text: str | None = None, tool_uses: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A Messages API reply: a text block (if any), then the tool_use blocks."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content += tool_uses or []
+    return {
+        "id": "msg_test",
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "stop_reason": "tool_use" if tool_uses else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+
+
+def tool_use(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One tool_use block as the Messages API sends it: the input is an object."""
+    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+
+
 class ChatServer:
     def __init__(self, replies: list[Reply]) -> None:
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []
+        self.sent: list[dict[str, Any]] = []
+        """Every reply body with a status below 400, as sent."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,13 +85,19 @@ class ChatServer:
                     status, out = 500, {"error": {"message": "the test server's script is exhausted"}}
                 else:
                     reply = server.replies.pop(0)
-                    status, out = reply(body) if callable(reply) else reply
+                    status, out, *more = reply(body) if callable(reply) else reply
+                headers: dict[str, str] = more[0] if more else {}
+                if status < 400:
+                    out = {**out, "model": out.get("model", body.get("model"))}
+                    server.sent.append(out)
                 data = json.dumps(out).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
-                if status == 429:
+                if status == 429 and not headers:
                     self.send_header("Retry-After", "0")
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -72,7 +109,12 @@ class ChatServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The server without ``/v1``: Anthropic's base URL (the client adds ``/v1/messages``)."""
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from ._version import __version__
 from ._wire import OnToolException, ToolCall, ToolResult, ToolStatus
 from .agent import (
     Agent,
+    AnthropicModel,
     AssistantMessage,
     FakeModel,
     Model,
@@ -58,6 +59,7 @@ __all__ = [
     "Agent",
     "Allow",
     "Answer",
+    "AnthropicModel",
     "ApprovalConflict",
     "ApprovalNotFound",
     "Approvals",

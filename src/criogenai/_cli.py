@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--events", "-E", action="store_true", help="send task events (for Flower)")
     w.set_defaults(func=_worker)
     d = sub.add_parser("demo", help="run a turn of the clinic tools (embedded without a broker)")
-    d.add_argument("--tools", default="examples.clinic")
+    d.add_argument("--tools", default="criogenai.demo")
     d.add_argument("--from-catalog", action="store_true", help="tool schemas from live workers")
     d.add_argument("--wait", type=float, default=60.0, help="seconds to wait for workers")
     d.set_defaults(func=_demo)

@@ -1,4 +1,9 @@
-"""Optional OpenTelemetry tracing: a span per turn, and every call's task span a child of it.
+"""Optional OpenTelemetry tracing, in the GenAI semantic conventions: an agent run is one trace.
+
+An ``invoke_agent`` span covers the run; under it, a ``chat`` span per model call and a
+``criogenai.turn`` span per turn of tool calls; under each turn, every call's Celery task span on
+the worker, and in it an ``execute_tool {name}`` span per run of the tool (``gen_ai.tool.name``,
+``gen_ai.tool.call.id``, ``criogenai.run_id``; status ERROR and ``error.type`` when it failed).
 
 Celery's instrumentation carries the trace context in ``before_task_publish``, which the fast
 Redis publisher never sends; so the dispatcher writes the W3C headers (``traceparent``,
@@ -130,6 +135,76 @@ def note_turn(run_id: str, calls: Sequence[ToolCall]) -> None:
         _propagate.inject(carrier, context=_trace.set_span_in_context(span))
         holder += [run_id, carrier]
         _carriers[run_id] = carrier
+
+
+# -- the agent: GenAI spans -----------------------------------------------------------------------
+
+OK_STATUSES = frozenset({"ok", "pending_approval"})
+"""Call statuses that are not a failure of the tool's run."""
+
+
+class _NoSpan:
+    """What the span helpers give when tracing is off: takes every record and keeps nothing."""
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+
+def _span_on() -> bool:
+    return OTEL and _tracing_on()
+
+
+@contextmanager
+def genai_span(
+    operation: str, name: str, attributes: dict[str, Any], *, client: bool = False
+) -> Iterator[Any]:
+    """A span named ``"{operation} {name}"`` with ``gen_ai.operation.name``, made current; an
+    exception ends it with status ERROR and ``error.type``. Yields a no-op span when tracing is off."""
+    if not _span_on():
+        yield _NO_SPAN
+        return
+    tracer = _trace.get_tracer("criogenai", __version__)
+    kind = _trace.SpanKind.CLIENT if client else _trace.SpanKind.INTERNAL
+    attributes = {"gen_ai.operation.name": operation, **attributes}
+    title = f"{operation} {name}".strip()
+    with tracer.start_as_current_span(title, kind=kind, attributes=attributes) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_attribute("error.type", type(exc).__qualname__)
+            raise
+
+
+def tool_span(name: str, call_id: str, run_id: str, attempt: int) -> Any:
+    """A worker's ``execute_tool`` span for one run of a call; end it with ``end_tool_span``."""
+    return genai_span("execute_tool", name, {
+        "gen_ai.tool.name": name,
+        "gen_ai.tool.call.id": call_id,
+        "gen_ai.tool.type": "function",
+        "criogenai.run_id": run_id,
+        "criogenai.attempt": attempt,
+    })
+
+
+def end_tool_span(span: Any, status: str, artifact: dict[str, Any] | None) -> None:
+    """Record how a run of a tool ended: its status, and for a failure, ERROR with ``error.type``
+    (the exception's type for an unexpected exception, else the status)."""
+    if span is _NO_SPAN:
+        return
+    span.set_attribute("criogenai.status", status)
+    if status in OK_STATUSES:
+        return
+    error_type = status
+    if status == "exception":
+        error_type = str(((artifact or {}).get("exception") or {}).get("type") or status)
+    span.set_attribute("error.type", error_type)
+    span.set_status(_trace.Status(_trace.StatusCode.ERROR, status))
 
 
 # -- worker side ----------------------------------------------------------------------------------

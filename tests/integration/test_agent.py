@@ -24,8 +24,9 @@ from criogenai._outcomes import GENERIC_FAILURE
 from criogenai.agent._runs import RedisRunStore
 from criogenai.tools import Tool
 from tests import agent_tools, fleet_tools
-from tests.chat_server import chat_server, completion, function_call
+from tests.chat_server import anthropic_message, chat_server, completion, function_call, tool_use
 from tests.conftest import ROOT, WorkerProcess, fleet_url, key, start_worker
+from tests.sdk_types import check_anthropic_reply, check_anthropic_request, check_openai_request
 
 FLEET_TOOLS = [v for v in vars(fleet_tools).values() if isinstance(v, Tool)]
 ALL_TOOLS = [*FLEET_TOOLS, agent_tools.fail_once, agent_tools.research]
@@ -224,7 +225,8 @@ def test_the_openai_adapter_drives_the_fleet_in_the_chat_completions_wire_format
                                  {"role": "user", "content": "Count once."}]
     echo = next(t for t in first["tools"] if t["function"]["name"] == "echo")
     assert echo == {"type": "function", "function": {
-        "name": "echo", "description": "Return the text.", "parameters": fleet_tools.echo.schema}}
+        "name": "echo", "description": "Return the text.", "parameters": fleet_tools.echo.schema,
+        "strict": True}}
     def fn(call_id: str, name: str, arguments: str) -> dict[str, Any]:
         return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -240,6 +242,44 @@ def test_the_openai_adapter_drives_the_fleet_in_the_chat_completions_wire_format
     assert tool_msgs[1]["content"].startswith(
         "Invalid arguments for tool 'echo':\n- arguments: not valid JSON (Unterminated string")
     assert tool_msgs[2] == {"role": "tool", "tool_call_id": "call_3", "content": "hello"}
+    for body in server.requests:
+        check_openai_request(body)
+
+
+def test_the_anthropic_adapter_drives_the_fleet_in_the_messages_wire_format(
+    agents: list[Agent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a Messages API server, overloaded once, whose model then uses three tools in parallel
+    k = key()
+    with chat_server([
+        (529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+         {"retry-after": "0"}),
+        (200, anthropic_message(tool_uses=[
+            tool_use("toolu_1", "count", {"key": k}),
+            tool_use("toolu_2", "flaky_write", {"key": key(), "fail_times": 1}),
+            tool_use("toolu_3", "echo", {"text": "hello"}),
+        ])),
+        (200, anthropic_message("The count is in.")),
+    ]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.root_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-local")
+        # When an agent runs on the fleet
+        a = make_agent(agents, "anthropic:claude-local", tools=FLEET_TOOLS, instructions="Be brief.")
+        result = a.run_sync("Count once.")
+    # Then the worker ran the calls, and the model read their results as tool_result blocks
+    assert result.status == "completed" and result.output == "The count is in."
+    assert len(server.requests) == 3 and fleet_tools.runs(k) == 1
+    for body in server.requests:
+        check_anthropic_request(body)
+    assert [check_anthropic_reply(r).model for r in server.sent] == ["claude-local"] * 2
+    results = server.requests[2]["messages"][2]
+    assert results["role"] == "user"
+    assert [(b["type"], b["tool_use_id"], b["is_error"]) for b in results["content"]] == [
+        ("tool_result", "toolu_1", False), ("tool_result", "toolu_2", True),
+        ("tool_result", "toolu_3", False)]
+    assert json.loads(results["content"][0]["content"])["n"] == 1
+    assert results["content"][1]["content"] == "not yet (1)" and results["content"][2]["content"] == "hello"
+    assert server.requests[2]["system"] == "Be brief."
 
 
 def test_a_run_waits_for_approval_and_is_resumed_after_a_person_decides(agents: list[Agent]) -> None:

@@ -1,4 +1,5 @@
-"""OpenTelemetry: a turn is one trace; every call's task span on a real worker descends from the turn span.
+"""OpenTelemetry: an agent run is one trace; every call's task span on a real worker descends from its
+turn's span, and runs each call in an ``execute_tool`` span in the GenAI semantic conventions.
 
 The dispatcher's spans go to an in-memory exporter in this process; a ``criogenai worker --otel``
 subprocess appends its spans as JSON lines to a file (CRIOGENAI_OTEL_SPANS_FILE).
@@ -189,3 +190,80 @@ def test_criogenai_runs_without_the_otel_extra(redis_up: None) -> None:
                           text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "--otel needs the otel extra: pip install 'criogenai[otel]'" in done.stderr
+
+
+@needs_otel
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_an_agent_run_is_one_trace_in_the_genai_conventions(
+    pool: str, worker_factory: Any, tmp_path: Path, turn_spans: Any
+) -> None:
+    # Given a traced worker, and an agent whose model asks for two rounds of tool calls, some failing
+    from criogenai import Agent, FakeModel, Settings
+    from criogenai.tools import Tool
+    from tests import fleet_tools
+
+    spans_file = traced_worker(worker_factory, tmp_path, pool)
+    script = [
+        [{"id": "ok1", "name": "echo", "arguments": {"text": "a"}},
+         {"id": "err", "name": "flaky_write", "arguments": {"key": uuid.uuid4().hex, "fail_times": 5}},
+         {"id": "exc", "name": "boom", "arguments": {"secret": "s3cret"}}],
+        [{"id": "ok2", "name": "echo", "arguments": {"text": "b"}}],
+        "done",
+    ]
+    tools = [v for v in vars(fleet_tools).values() if isinstance(v, Tool)]
+    with Agent(FakeModel(script), tools=tools, settings=Settings(broker_url=fleet_url(), lease_secs=2.0),
+               on_tool_exception="return_generic") as agent:
+        result = agent.run_sync("go")
+    assert result.status == "completed"
+    run_id = result.run_id
+
+    # Then the agent process made one invoke_agent span, with a chat span per model call and a turn
+    # span per round under it, all in one trace
+    [invoke] = [s for s in turn_spans.get_finished_spans()
+                if s.name == "invoke_agent" and s.attributes.get("criogenai.run_id") == run_id]
+    assert invoke.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert invoke.attributes["gen_ai.provider.name"] == "FakeModel"
+    trace_id = invoke.context.trace_id
+    mine = [s for s in turn_spans.get_finished_spans() if s.context.trace_id == trace_id]
+    chats = [s for s in mine if s.name == "chat"]
+    turns = [s for s in mine if s.name == "criogenai.turn"]
+    assert len(chats) == 3 and len(turns) == 2 and len(mine) == 6
+    assert {s.context.trace_id for s in (*chats, *turns)} == {trace_id}
+    assert {s.parent.span_id for s in (*chats, *turns)} == {invoke.context.span_id}
+    assert all(s.attributes["gen_ai.operation.name"] == "chat" for s in chats)
+
+    # And on the worker, each call ran in an execute_tool span of the same trace, under its task span,
+    # naming the tool, the call and the run; the failed ones have status ERROR and error.type
+    tool_spans = execute_tool_spans(spans_file, run_id, 4)
+    by_call = {s["attributes"]["gen_ai.tool.call.id"]: s for s in tool_spans}
+    assert set(by_call) == {"ok1", "err", "exc", "ok2"}
+    for call_id, s in by_call.items():
+        assert s["name"] == f"execute_tool {s['attributes']['gen_ai.tool.name']}"
+        assert s["context"]["trace_id"] == hex_id(trace_id, 32), call_id
+        assert s["attributes"]["gen_ai.operation.name"] == "execute_tool"
+        assert s["attributes"]["criogenai.run_id"] == run_id
+    assert by_call["err"]["attributes"]["gen_ai.tool.name"] == "flaky_write"
+    assert [by_call[c]["status"]["status_code"] for c in ("ok1", "ok2", "err", "exc")] == [
+        "UNSET", "UNSET", "ERROR", "ERROR"]
+    assert by_call["err"]["attributes"]["error.type"] == "tool_error"
+    assert by_call["exc"]["attributes"]["error.type"] == "RuntimeError"
+    assert "error.type" not in by_call["ok1"]["attributes"]
+    assert "s3cret" not in json.dumps(tool_spans)
+    turn_ids = {hex_id(t.context.span_id, 16) for t in turns}
+    everything = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    for s in tool_spans:
+        [parent] = [p for p in everything if p["context"]["span_id"] == s["parent_id"]]
+        assert parent["name"] == TASK_SPAN and parent["parent_id"] in turn_ids
+
+
+def execute_tool_spans(spans_file: Path, run_id: str, count: int) -> list[dict[str, Any]]:
+    """The worker's execute_tool spans of a run, waiting (bounded) until there are ``count``."""
+    deadline = time.monotonic() + 20
+    while True:
+        lines = spans_file.read_text().splitlines() if spans_file.exists() else []
+        found = [s for s in map(json.loads, lines) if s["name"].startswith("execute_tool")
+                 and s["attributes"].get("criogenai.run_id") == run_id]
+        if len(found) >= count or time.monotonic() > deadline:
+            assert len(found) == count, found
+            return found
+        time.sleep(0.1)

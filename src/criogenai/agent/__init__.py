@@ -1,6 +1,7 @@
 """The agent process: ``Agent`` runs the model loop, its tool calls go through a ``Dispatcher``."""
 
 from ._agent import Agent, RunResult, resolve_model
+from ._anthropic import AnthropicModel
 from ._model import (
     AssistantMessage,
     FakeModel,
@@ -18,6 +19,7 @@ from ._runs import RunConflict, RunEntry, RunError, RunNotFound, RunState, RunSt
 
 __all__ = [
     "Agent",
+    "AnthropicModel",
     "AssistantMessage",
     "FakeModel",
     "Message",

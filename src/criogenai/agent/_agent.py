@@ -20,9 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from .._config import Limits, Retry, Settings
 from .._errors import ConfigurationError, ToolError, ToolFailed
 from .._outcomes import invalid_arguments
+from .._tracing import genai_span
 from .._wire import OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
 from ..tools import DEFAULT_QUEUE, Tool, ToolContext, ToolRegistry, tool
+from ._anthropic import AnthropicModel
 from ._model import (
     AssistantMessage,
     FakeModel,
@@ -60,14 +62,19 @@ class RunResult(BaseModel):
 
 
 def resolve_model(model: Model | str) -> Model:
-    """``"openai:MODEL"``, ``"fake"`` (a FakeModel that echoes the prompt) or a Model instance."""
+    """``"openai:MODEL"``, ``"anthropic:MODEL"``, ``"fake"`` (a FakeModel that echoes the prompt) or
+    a Model instance."""
     if isinstance(model, str):
         if model == "fake":
             return FakeModel()
         provider, _, name = model.partition(":")
         if provider == "openai" and name:
             return OpenAIModel(name)
-        raise ConfigurationError(f"unknown model {model!r}: use 'openai:MODEL', 'fake' or a Model object")
+        if provider == "anthropic" and name:
+            return AnthropicModel(name)
+        raise ConfigurationError(
+            f"unknown model {model!r}: use 'openai:MODEL', 'anthropic:MODEL', 'fake' or a Model object"
+        )
     if isinstance(model, Model):
         return model
     raise ConfigurationError(f"{model!r} is not a model: it needs an async complete(request) method")
@@ -148,6 +155,11 @@ class Agent:
         )
         self.settings = self.dispatcher.settings
         self.store: RunStore = make_store(self.settings)
+        # The model's GenAI span attributes: its provider (else its class) and model name, if any.
+        provider = getattr(self.model, "provider", None) or type(self.model).__name__
+        self._genai: dict[str, str] = {"gen_ai.provider.name": str(provider)}
+        if isinstance(getattr(self.model, "model", None), str):
+            self._genai["gen_ai.request.model"] = self.model.model  # type: ignore[attr-defined]
         self._specs = [
             ToolSpec(name=t.name, description=t.description, parameters=t.schema)
             for t in self.dispatcher.registry
@@ -221,6 +233,12 @@ class Agent:
     # -- the loop ---------------------------------------------------------------------------------
 
     async def _drive(self, state: RunState, history: list[RunEntry]) -> RunResult:
+        with genai_span("invoke_agent", "", {**self._genai, "criogenai.run_id": state.run_id}) as span:
+            result = await self._loop(state, history)
+            span.set_attribute("criogenai.status", result.status)
+            return result
+
+    async def _loop(self, state: RunState, history: list[RunEntry]) -> RunResult:
         rid = state.run_id
         while True:
             last = history[-1].message
@@ -238,7 +256,9 @@ class Agent:
                 return self._result(self._set(state, "max_rounds"), history)
             request = ModelRequest(messages=[e.message for e in history], tools=self._specs)
             try:
-                reply = await self.model.complete(request)
+                model_name = self._genai.get("gen_ai.request.model", "")
+                with genai_span("chat", model_name, self._genai, client=True):
+                    reply = await self.model.complete(request)
             except ModelError as exc:
                 self._set(state, "failed", RunError(code=exc.code, message=str(exc)))
                 raise

@@ -8,11 +8,8 @@ string, and a string that is not JSON is kept as is, so the agent answers it as 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import os
-import random
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -20,46 +17,28 @@ from typing import Any
 import httpx
 
 from .._wire import ToolCall
+from ..tools._shapes import openai_tool
+from ._http import HTTPModel
 from ._model import AssistantMessage, Message, ModelError, ModelRequest, SystemMessage, ToolSpec, UserMessage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
-class OpenAIModel:
-    """A chat-completions model. ``max_attempts`` bounds tries after 429, 5xx and network errors."""
+class OpenAIModel(HTTPModel):
+    """A chat-completions model. ``max_attempts`` bounds tries after 429, 5xx and network errors;
+    ``strict`` sends ``strict: true`` with each tool whose schema allows it (``Tool.openai_strict``)."""
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout_secs: float = 120.0,
-        max_attempts: int = 4,
-        initial_backoff: float = 0.5,
-        params: Mapping[str, Any] | None = None,
-    ) -> None:
-        if not model:
-            raise ValueError("name the model: 'openai:MODEL'")
-        self.model = model
-        self._base_url, self._api_key = base_url, api_key
-        self.timeout = httpx.Timeout(timeout_secs, connect=min(10.0, timeout_secs))
-        self.max_attempts = max(1, max_attempts)
-        self.initial_backoff = initial_backoff
-        self.params = dict(params or {})
+    provider = "openai"
+    base_url_env = "OPENAI_BASE_URL"
+    api_key_env = "OPENAI_API_KEY"
+    default_base_url = DEFAULT_BASE_URL
 
-    def __repr__(self) -> str:
-        return f"<OpenAIModel {self.model} at {self.base_url}>"
-
-    @property
-    def base_url(self) -> str:
-        return (self._base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+    def __init__(self, model: str, *, strict: bool = True, **options: Any) -> None:
+        super().__init__(model, **options)
+        self.strict = strict
 
     def _headers(self) -> dict[str, str]:
-        key = self._api_key or os.environ.get("OPENAI_API_KEY")
-        if not key and self.base_url == DEFAULT_BASE_URL:
-            raise ModelError("set OPENAI_API_KEY to use OpenAI (or OPENAI_BASE_URL for a local server)")
+        key = self.api_key()
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -70,45 +49,16 @@ class OpenAIModel:
         body: dict[str, Any] = {**self.params, "model": self.model}
         body["messages"] = [wire_message(m) for m in request.messages]
         if request.tools:
-            body["tools"] = [wire_tool(t) for t in request.tools]
+            body["tools"] = [wire_tool(t, strict=self.strict) for t in request.tools]
         return body
 
     async def complete(self, request: ModelRequest) -> AssistantMessage:
-        url = f"{self.base_url}/chat/completions"
-        headers, body = self._headers(), self.body(request)
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
-            for attempt in range(1, self.max_attempts + 1):
-                last = attempt == self.max_attempts
-                try:
-                    response = await client.post(url, headers=headers, json=body)
-                except httpx.HTTPError as exc:
-                    if last:
-                        raise ModelError(f"POST {url}: {type(exc).__name__}: {exc}") from exc
-                    await asyncio.sleep(self._wait(attempt, None))
-                    continue
-                if response.status_code in RETRY_STATUSES and not last:
-                    await asyncio.sleep(self._wait(attempt, response.headers.get("retry-after")))
-                    continue
-                if response.status_code >= 400:
-                    raise ModelError(f"POST {url}: HTTP {response.status_code}: {response.text[:500]}")
-                return parse_reply(response)
-        raise ModelError(f"POST {url}: no reply")  # not reached: the last attempt returns or raises
-
-    def _wait(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after:
-            try:
-                return min(30.0, max(0.0, float(retry_after)))
-            except ValueError:
-                pass
-        base = min(20.0, self.initial_backoff * 2.0 ** (attempt - 1))
-        return base * random.uniform(0.75, 1.25)
+        response = await self.post(f"{self.base_url}/chat/completions", self._headers(), self.body(request))
+        return parse_reply(response)
 
 
-def wire_tool(t: ToolSpec) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
-    }
+def wire_tool(t: ToolSpec, *, strict: bool = True) -> dict[str, Any]:
+    return openai_tool(t.name, t.description, t.parameters, strict=strict)
 
 
 def wire_message(m: Message) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from .._errors import ToolDefinitionError
 from .._keys import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._context import ToolContext
 from ._schema import build_function_schema
+from ._shapes import anthropic_tool, openai_strict_ok, openai_tool
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -109,6 +110,21 @@ class Tool(Generic[P, R]):
     def definition(self) -> dict[str, Any]:
         """The tool in the shape model APIs take: name, description and parameters."""
         return {"name": self.name, "description": self.description, "parameters": self.schema}
+
+    @property
+    def anthropic_definition(self) -> dict[str, Any]:
+        """The tool as Anthropic's Messages API takes it (``name``, ``description``, ``input_schema``)."""
+        return anthropic_tool(self.name, self.description, self.schema)
+
+    @property
+    def openai_definition(self) -> dict[str, Any]:
+        """The tool as OpenAI's chat-completions API takes it, ``strict: true`` where the schema allows."""
+        return openai_tool(self.name, self.description, self.schema, strict=True)
+
+    @property
+    def openai_strict(self) -> bool:
+        """Whether OpenAI's strict mode accepts this tool's schema (closed objects, all required)."""
+        return openai_strict_ok(self._parameters)
 
     @property
     def retryable(self) -> bool:

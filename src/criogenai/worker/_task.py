@@ -27,6 +27,7 @@ from .._message import hard_limit_secs, send_call, shown_options
 from .._outcomes import CallReport, Outcome, cancelled_before_start, shown_name, timed_out, unknown_tool
 from .._refusals import ErrorBurst
 from .._signing import authentic, refusal, sign_result
+from .._tracing import end_tool_span, tool_span
 from .._wire import ToolResult, ToolTask
 from ..tools import ToolContext, ToolRegistry
 from . import _executor
@@ -205,24 +206,26 @@ class WorkerRuntime:
         )
         self.leases.hold(run_id, call.id, self.token, on_cancel=stop.cancel)
         started = time.monotonic()
-        try:
-            outcome = _executor.execute(
-                tool,
-                call.arguments,
-                ctx,
-                timeout_secs=payload.timeout_secs,
-                on_tool_exception=payload.on_tool_exception,
-                max_result_chars=payload.max_result_chars,
-                max_stored_chars=payload.max_stored_chars,
-                inline_sync=self.inline_sync,
-                interrupts=(SoftTimeLimitExceeded,),
-                stop=stop,
-            )
-        except SoftTimeLimitExceeded:  # landed in the executor's own code, after the tool's run
-            outcome = timed_out(call.name, payload.timeout_secs, time.monotonic() - started)
-        except BaseException:
-            self.leases.drop(run_id, call.id)
-            raise
+        with tool_span(call.name, call.id, run_id, attempt) as span:
+            try:
+                outcome = _executor.execute(
+                    tool,
+                    call.arguments,
+                    ctx,
+                    timeout_secs=payload.timeout_secs,
+                    on_tool_exception=payload.on_tool_exception,
+                    max_result_chars=payload.max_result_chars,
+                    max_stored_chars=payload.max_stored_chars,
+                    inline_sync=self.inline_sync,
+                    interrupts=(SoftTimeLimitExceeded,),
+                    stop=stop,
+                )
+            except SoftTimeLimitExceeded:  # landed in the executor's own code, after the tool's run
+                outcome = timed_out(call.name, payload.timeout_secs, time.monotonic() - started)
+            except BaseException:
+                self.leases.drop(run_id, call.id)
+                raise
+            end_tool_span(span, outcome.status, outcome.artifact)
         try:
             return self._conclude(task, payload, outcome, attempt)
         except SoftTimeLimitExceeded:
