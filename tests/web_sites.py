@@ -11,6 +11,7 @@ import contextlib
 import ipaddress
 import json
 import socket
+import ssl
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -88,18 +89,25 @@ class _Server(ThreadingHTTPServer):
 class Site:
     """A local HTTP server; add routes with ``site.routes[path] = fn(handler)``."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
         self.routes: dict[str, Route] = {}
         self.hits: list[tuple[str, str, str]] = []
+        self.server_names: list[str | None] = []
+        """The TLS SNI of each handshake."""
         self.stop = threading.Event()
         self.server = _Server((host, 0), Handler)
         self.server.site = self
+        self.scheme = "http"
+        if tls is not None:
+            tls.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
         self.host, self.port = host, self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def url(self, path: str = "/", host: str | None = None) -> str:
-        return f"http://{host or self.host}:{self.port}{path}"
+        return f"{self.scheme}://{host or self.host}:{self.port}{path}"
 
     def page(self, path: str, body: str | bytes, ctype: str = "text/html; charset=utf-8",
              headers: dict[str, str] | None = None) -> str:
@@ -121,8 +129,8 @@ class Site:
 
 
 @contextlib.contextmanager
-def running(host: str = "127.0.0.1") -> Iterator[Site]:
-    site = Site(host)
+def running(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> Iterator[Site]:
+    site = Site(host, tls)
     try:
         yield site
     finally:

@@ -12,12 +12,14 @@ import ipaddress
 import json
 import logging
 import socket
+import ssl
 import time
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import trustme
 
 from criogenai import Dispatcher, Limits, ResultCache, Settings, ToolCall, ToolError
 from criogenai.web import BraveSearch, SearxNG, WebPolicy, page_reader, read_page, web_search
@@ -315,6 +317,25 @@ def test_the_connection_goes_to_the_address_that_was_checked(resolver: Any) -> N
     assert ARTICLE_SENTENCE in got["text"]
     assert resolver["__asked__"] == ["rebind.test"]
     assert server.hits[0][1] == f"rebind.test:{server.port}"
+
+
+def test_https_checks_the_certificate_and_sends_sni_for_the_name_while_connecting_to_the_checked_address(
+    resolver: Any,
+) -> None:
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("secure.test").configure_cert(server_tls)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    resolver["secure.test"] = ["127.0.0.2"]
+    policy = WebPolicy(allow_networks=("127.0.0.2/32",), robots_txt=False, ssl_context=client_tls)
+    with running("127.0.0.2", tls=server_tls) as server:
+        server.page("/p", ARTICLE)
+        got = page_reader(policy)(server.url("/p", host="secure.test"))
+        with pytest.raises(ToolError, match="could not read"):  # the certificate names secure.test only
+            page_reader(policy)(server.url("/p"))
+    assert ARTICLE_SENTENCE in got["text"] and got["url"].startswith("https://secure.test:")
+    assert server.server_names[0] == "secure.test" and server.hits[0][1] == f"secure.test:{server.port}"
 
 
 # -- results on the engine: cutting, full text, cache ---------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -61,6 +62,8 @@ class WebPolicy:
     max_bytes: int = 5_000_000
     """The body is cut here, counted after decompression."""
     verify_tls: bool = True
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False)
+    """Your own CAs (an internal PKI); the system's CAs otherwise."""
     _networks: tuple[IPNetwork, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

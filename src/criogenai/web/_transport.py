@@ -72,10 +72,11 @@ class _VettingTransport(httpx.HTTPTransport):
     """httpx's transport over a pool whose every connection goes through ``_VettingBackend``."""
 
     def __init__(self, policy: WebPolicy) -> None:
-        super().__init__(verify=policy.verify_tls, trust_env=False)
+        tls = policy.ssl_context or httpx.create_ssl_context(verify=policy.verify_tls, trust_env=False)
+        super().__init__(verify=tls, trust_env=False)
         # httpx has no public switch for httpcore's network backend; this swaps the pool it built.
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=policy.verify_tls, trust_env=False),
+            ssl_context=tls,
             max_connections=10,
             network_backend=_VettingBackend(policy),
         )
