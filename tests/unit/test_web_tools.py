@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trustme
 
-from criogenai import Dispatcher, Limits, ResultCache, Settings, ToolCall, ToolError
+from criogenai import Dispatcher, Limits, ResultCache, Settings, ToolCall, ToolError, ToolRegistry
 from criogenai.web import BraveSearch, SearxNG, WebPolicy, page_reader, read_page, web_search
 from tests.web_sites import (
     ARTICLE,
@@ -407,6 +407,11 @@ def test_a_search_provider_that_is_down_gives_a_retryable_error(site: Site) -> N
     with pytest.raises(ToolError, match="SearxNG answered HTTP 502") as info:
         web_search(SearxNG(site.url("/")))("otters")
     assert info.value.retryable is True
+
+
+def test_the_readme_example_module_serves_the_web_tools() -> None:
+    registry = ToolRegistry.from_modules(["examples.web_tools"])
+    assert registry.names() == ["read_docs", "read_page", "web_search"]
 
 
 def test_the_web_tools_are_read_only_so_retries_and_the_cache_apply() -> None:
