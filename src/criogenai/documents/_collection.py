@@ -1,7 +1,7 @@
 """Collection: named documents in a store, searched by keyword, and offered to a model as a tool."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the tools' hints use local values (limits), which
+# the schema builder must see at definition.
 import re
 from collections.abc import Iterable
 from typing import Annotated, Any
