@@ -7,6 +7,7 @@ that document.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 
@@ -24,11 +25,11 @@ def documents(count: int, seed: int = 16, words_per_doc: tuple[int, int] = (25, 
     """``count`` short documents of sentences, the same for the same seed."""
     rng = random.Random(seed)
     vocab = vocabulary(max(3000, count * 2), rng)
-    weights = [1 / (rank + 1) ** 0.9 for rank in range(len(vocab))]
+    cumulative = list(itertools.accumulate(1 / (rank + 1) ** 0.9 for rank in range(len(vocab))))
     docs = []
     for _ in range(count):
         n = rng.randint(*words_per_doc)
-        picked = rng.choices(vocab, weights, k=n)
+        picked = rng.choices(vocab, cum_weights=cumulative, k=n)
         sentences = [" ".join(picked[i : i + 8]).capitalize() + "." for i in range(0, n, 8)]
         docs.append(" ".join(sentences))
     return docs
