@@ -4,6 +4,8 @@ Define tools with ``@tool``, run workers with ``criogenai worker --tools MODULE`
 turn of tool calls from the agent process with ``Dispatcher.run_turn``.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._catalog import Catalog, CatalogEntry
 from ._config import Limits, Retry, Settings
 from ._errors import (
@@ -52,7 +54,12 @@ from .dispatcher import (
     PendingApproval,
     ResultCache,
 )
+from .documents import Collection, Document, InvalidQuery, Passage, SQLiteStore
+from .memory import EmbeddingError, LocalMemoryStore, Memory, OpenAIEmbeddings, RedisMemoryStore
 from .tools import InvalidArguments, Tool, ToolContext, ToolRegistry, ValidArguments, tool, tool_from_schema
+
+if TYPE_CHECKING:
+    from .documents import PostgresStore
 
 __all__ = [
     "AfterHook",
@@ -69,20 +76,30 @@ __all__ = [
     "Catalog",
     "CatalogEntry",
     "ChangeArguments",
+    "Collection",
     "ConfigurationError",
     "CriogenaiError",
     "Dispatcher",
+    "Document",
+    "EmbeddingError",
     "FakeModel",
     "HookCall",
     "InvalidApprovalArguments",
     "InvalidArguments",
+    "InvalidQuery",
     "Limits",
+    "LocalMemoryStore",
+    "Memory",
     "Model",
     "ModelError",
     "ModelRequest",
     "OnToolException",
+    "OpenAIEmbeddings",
     "OpenAIModel",
+    "Passage",
     "PendingApproval",
+    "PostgresStore",
+    "RedisMemoryStore",
     "RemoteToolException",
     "ResultCache",
     "Retry",
@@ -91,6 +108,7 @@ __all__ = [
     "RunNotFound",
     "RunResult",
     "RunStatus",
+    "SQLiteStore",
     "Settings",
     "SystemMessage",
     "Tool",
@@ -111,3 +129,12 @@ __all__ = [
     "tool",
     "tool_from_schema",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # PostgresStore needs the postgres extra (psycopg); it is imported only when asked for.
+    if name == "PostgresStore":
+        from .documents import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

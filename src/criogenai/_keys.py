@@ -69,3 +69,8 @@ class Keys:
         holder → end of its place, ms), ``wait`` (holder → ticket), ``alive`` (waiter → liveness end, ms).
         One hash tag for every gate, so that one script can take places in several at once."""
         return f"{self.prefix}:{{limits}}:{gate}:{part}"
+
+    def memories(self, namespace: str, scope: str) -> str:
+        """Hash: memory id → record JSON, of one scope (user) of one memory namespace. Expires its
+        retention after the last write."""
+        return f"{self.prefix}:mem:{{{namespace}:{scope}}}"

@@ -52,6 +52,9 @@ def canonical(task: ToolTask) -> bytes:
     signed["call_id"] = body["call"]["id"]
     signed["tool"] = body["call"]["name"]
     signed["arguments"] = body["call"]["arguments"]
+    if task.scope is not None:
+        # Only when set, so that a call without a scope signs exactly as before (rolling upgrades).
+        signed["scope"] = task.scope
     try:
         text = json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:

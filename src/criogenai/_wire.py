@@ -117,6 +117,10 @@ class ToolTask(_Wire):
         DEFAULT_MAX_STORED_CHARS, gt=0, exclude_if=lambda v: v == DEFAULT_MAX_STORED_CHARS
     )
     """What the worker keeps with the run at most (a cut result's full value, exception details)."""
+    scope: str | None = Field(None, exclude_if=lambda v: v is None)
+    """Whose data the call may touch (a user, tenant or namespace the application named for the run,
+    never the model): memory tools read and write only under it. Signed with the call; left out of
+    the message when None, so workers that predate it still read calls without one."""
     signature: str | None = Field(None, exclude_if=lambda v: v is None)
     """HMAC of the call by its dispatcher (``criogenai._signing``), when a signing secret is set.
     Left out of the message when None, so workers that predate it still read unsigned calls."""

@@ -23,6 +23,8 @@ from .._outcomes import invalid_arguments
 from .._tracing import genai_span
 from .._wire import OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
+from ..dispatcher._dispatcher import check_scope
+from ..memory import Memory
 from ..tools import DEFAULT_QUEUE, Tool, ToolContext, ToolRegistry, tool
 from ._anthropic import AnthropicModel
 from ._model import (
@@ -121,7 +123,8 @@ class Agent:
     """A model, its tools and the policy their calls run under; ``run`` drives one task to its end.
 
     ``approve``, ``before_tool`` and ``after_tool`` are passed to the Dispatcher as given.
-    ``limits`` takes ``max_model_rounds`` (default 20) besides the per-call limits.
+    ``limits`` takes ``max_model_rounds`` (default 20) besides the per-call limits. ``memory``
+    adds its ``remember``, ``forget`` and ``search_memory`` tools, kept per ``run(..., user=)``.
     """
 
     def __init__(
@@ -137,8 +140,12 @@ class Agent:
         before_tool: Sequence[Callable[..., Any]] | None = None,
         after_tool: Sequence[Callable[..., Any]] | None = None,
         settings: Settings | None = None,
+        memory: Memory | None = None,
     ) -> None:
         self.model = resolve_model(model)
+        self.memory = memory
+        if memory is not None:
+            tools = ToolRegistry([*tools, *memory.tools])
         self.instructions = instructions
         self.limits = Limits.coerce(limits)
         hooks: dict[str, Any] = {}
@@ -180,8 +187,11 @@ class Agent:
 
     # -- runs -------------------------------------------------------------------------------------
 
-    async def run(self, prompt: str, *, run_id: str | None = None) -> RunResult:
+    async def run(self, prompt: str, *, run_id: str | None = None, user: str | None = None) -> RunResult:
         """Run the task to an answer (or ``max_rounds``, or a call waiting for approval).
+
+        ``user`` is the scope every call of the run carries (kept with the run, so ``retry`` keeps
+        it): memory tools see only that user's memories. The model never sees or chooses it.
 
         Raises ``ToolFailed`` (code ``tool_failed``; ``exc.result.run_id`` is the run) when a tool
         fails under ``on_tool_exception="fail"``, and ``ModelError`` when the model cannot be
@@ -189,7 +199,7 @@ class Agent:
         """
         rid = _check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         t = now()
-        state = RunState(run_id=rid, status="running", created=t, updated=t)
+        state = RunState(run_id=rid, status="running", created=t, updated=t, user=check_scope(user))
         if not self.store.create(state):
             raise ConfigurationError(f"run {rid!r} exists: continue it with retry()")
         history: list[RunEntry] = []
@@ -198,9 +208,9 @@ class Agent:
         self._append(rid, history, UserMessage(content=prompt))
         return await self._drive(state, history)
 
-    def run_sync(self, prompt: str, *, run_id: str | None = None) -> RunResult:
+    def run_sync(self, prompt: str, *, run_id: str | None = None, user: str | None = None) -> RunResult:
         """``run`` for code without an event loop."""
-        return _sync(self.run(prompt, run_id=run_id))
+        return _sync(self.run(prompt, run_id=run_id, user=user))
 
     async def retry(self, run_id: str) -> RunResult:
         """Continue a failed, interrupted or approval-waiting run from its stored messages.
@@ -289,7 +299,7 @@ class Agent:
             else:
                 calls.append(ToolCall(id=d, name=c.name, arguments=c.arguments))
         try:
-            results = await self.dispatcher.run_turn(calls, run_id=rid) if calls else []
+            results = await self.dispatcher.run_turn(calls, run_id=rid, scope=state.user) if calls else []
         except ToolFailed as exc:
             error = RunError(code=exc.code, message=str(exc), call_id=exc.result.call_id)
             self._set(state, "failed", error)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Literal, Protocol
 
 import redis
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .._config import Settings
 from .._errors import CriogenaiError
@@ -59,6 +59,8 @@ class RunState(_Record):
     created: float
     updated: float
     error: RunError | None = None
+    user: str | None = Field(None, exclude_if=lambda v: v is None)
+    """The scope the run's calls carry (``Agent.run(..., user=)``): whose memories they reach."""
 
 
 class RunNotFound(CriogenaiError, LookupError):

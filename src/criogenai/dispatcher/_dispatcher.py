@@ -32,6 +32,16 @@ from ._validate import ValidCall, check_turn, coerce_calls
 CallLike = ToolCall | Mapping[str, Any]
 
 
+def check_scope(scope: str | None) -> str | None:
+    """A scope is 1-200 printable characters without braces (it names Redis keys), or None."""
+    if scope is None:
+        return None
+    if not isinstance(scope, str) or not 0 < len(scope) <= 200 or not scope.isprintable() or "{" in scope \
+            or "}" in scope:
+        raise ConfigurationError(f"scope {scope!r}: use 1 to 200 printable characters, without braces")
+    return scope
+
+
 def _redis_publisher(app: Any, settings: Settings) -> RedisPublisher | None:
     """The one-round-trip publisher when the broker is Redis; otherwise kombu's producer is used."""
     url = settings.broker_url or ""
@@ -140,18 +150,25 @@ class Dispatcher:
 
     @traced_turn
     async def run_turn(
-        self, calls: Sequence[CallLike], *, run_id: str | None = None, tenant: str | None = None
+        self,
+        calls: Sequence[CallLike],
+        *,
+        run_id: str | None = None,
+        tenant: str | None = None,
+        scope: str | None = None,
     ) -> list[ToolResult]:
         """Run one turn's calls concurrently on the fleet; one result per call, in order.
 
         Passing the ``run_id`` of an earlier attempt returns its finished calls' stored results
         without running them again; that is also how a turn resumes after approvals were decided.
-        ``tenant`` counts the calls against ``Limits.tenant_concurrency``. Cancelling the task that
+        ``tenant`` counts the calls against ``Limits.tenant_concurrency``. ``scope`` (a user, tenant or
+        namespace) travels with each call, signed, as ``ToolContext.scope``: memory is kept per scope.
+        Cancelling the task that
         awaits this cancels the turn (``cancel``). Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
         """
         ordered, rid, valid, done = self._prepare(calls, run_id)
         turn = await self._gate.before(rid, valid, done, self._start().ledger if run_id else None)
-        sends = self._sends(turn.valid, rid, tenant)
+        sends = self._sends(turn.valid, rid, tenant, check_scope(scope))
         future = self._start().submit(
             rid, sends, check_finished=run_id is not None, loop=asyncio.get_running_loop()
         )
@@ -165,13 +182,18 @@ class Dispatcher:
 
     @traced_turn
     def run_turn_sync(
-        self, calls: Sequence[CallLike], *, run_id: str | None = None, tenant: str | None = None
+        self,
+        calls: Sequence[CallLike],
+        *,
+        run_id: str | None = None,
+        tenant: str | None = None,
+        scope: str | None = None,
     ) -> list[ToolResult]:
         """``run_turn`` for code without an event loop."""
         ordered, rid, valid, done = self._prepare(calls, run_id)
         ledger = self._start().ledger if run_id else None
         turn = run_sync(self._gate.before(rid, valid, done, ledger)) if not self._gate.empty else None
-        sends = self._sends(turn.valid if turn else valid, rid, tenant)
+        sends = self._sends(turn.valid if turn else valid, rid, tenant, check_scope(scope))
         gathered = self._start().submit(rid, sends, check_finished=run_id is not None).result()
         if turn is None:
             return self._finish(ordered, done, gathered)
@@ -210,11 +232,13 @@ class Dispatcher:
         valid, done = check_turn(ordered, self.registry, self.limits, rid)
         return ordered, rid, valid, done
 
-    def _sends(self, valid: list[ValidCall], rid: str, tenant: str | None = None) -> list[Send]:
+    def _sends(
+        self, valid: list[ValidCall], rid: str, tenant: str | None = None, scope: str | None = None
+    ) -> list[Send]:
         engine = self._start()
         return [
             Send(
-                self._task(v, rid, engine.reply_to),
+                self._task(v, rid, engine.reply_to, scope),
                 v.tool.queue,
                 v.tool.retryable,
                 self._gates(v.tool, tenant),
@@ -239,7 +263,7 @@ class Dispatcher:
             gates.append(LimitGate(f"rate:tenant:{tenant}", *parse_rate(tenant_rate)))
         return tuple(gates)
 
-    def _task(self, v: ValidCall, run_id: str, reply_to: str) -> ToolTask:
+    def _task(self, v: ValidCall, run_id: str, reply_to: str, scope: str | None = None) -> ToolTask:
         """The call's message body, signed when the settings have a signing secret."""
         r = self.retry
         task = ToolTask(
@@ -255,6 +279,7 @@ class Dispatcher:
             reply_to=reply_to,
             deadline=time.time() + self.limits.queue_wait_secs,
             max_stored_chars=max(self.limits.max_stored_result_chars, self.limits.max_result_chars),
+            scope=scope,
         )
         secret = self.settings.signing_secret
         return sign(task, secret) if secret else task

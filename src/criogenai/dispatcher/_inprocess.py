@@ -233,7 +233,12 @@ class InProcessEngine:
         arguments = json.loads(json.dumps(call.arguments))
         stop = CallStop()
         ctx = ToolContext(
-            call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt, cancel_event=stop.event
+            call_id=call.id,
+            run_id=run_id,
+            tool_name=call.name,
+            attempt=attempt,
+            scope=payload.scope,
+            cancel_event=stop.event,
         )
         with self._lock:
             self._held[(run_id, call.id)] = stop

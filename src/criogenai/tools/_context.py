@@ -21,6 +21,9 @@ class ToolContext:
     tool_name: str = ""
     attempt: int = 1
     """1 on the first run of this call, 2 on the first retry, and so on."""
+    scope: str | None = None
+    """Whose data the call may touch, as the application named it for the run (``run_turn(...,
+    scope=)``, ``Agent.run(..., user=)``); None when it named none. The model cannot set it."""
     cancel_event: threading.Event | None = field(default=None, repr=False, compare=False)
     """Set by the worker when the call's turn is cancelled; read it through ``cancelled``."""
 

@@ -202,7 +202,12 @@ class WorkerRuntime:
 
         stop = _executor.CallStop()
         ctx = ToolContext(
-            call_id=call.id, run_id=run_id, tool_name=call.name, attempt=attempt, cancel_event=stop.event
+            call_id=call.id,
+            run_id=run_id,
+            tool_name=call.name,
+            attempt=attempt,
+            scope=payload.scope,
+            cancel_event=stop.event,
         )
         self.leases.hold(run_id, call.id, self.token, on_cancel=stop.cancel)
         started = time.monotonic()
