@@ -13,6 +13,7 @@ Between two waits the code runs on the loop's thread and holds it: only short wo
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import threading
 import time
@@ -34,6 +35,14 @@ class ProcessLoop:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="criogenai-loop", daemon=True)
         self.thread.start()
+        atexit.register(self._stop)
+
+    def _stop(self) -> None:
+        """At exit: stop the loop and let its thread end, so that no greenlet or coroutine still
+        runs on it while the interpreter tears down (what is in flight then is abandoned)."""
+        if self.thread.is_alive() and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(1.0)
 
     @classmethod
     def get(cls) -> asyncio.AbstractEventLoop:
