@@ -51,7 +51,19 @@ from .dispatcher import (
     PendingApproval,
     ResultCache,
 )
-from .tools import InvalidArguments, Tool, ToolContext, ToolRegistry, ValidArguments, tool, tool_from_schema
+from .tools import (
+    InvalidArguments,
+    MCPServer,
+    MCPServerError,
+    MCPServerStdio,
+    MCPServerStreamableHTTP,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    ValidArguments,
+    tool,
+    tool_from_schema,
+)
 
 __all__ = [
     "AfterHook",
@@ -75,6 +87,10 @@ __all__ = [
     "InvalidApprovalArguments",
     "InvalidArguments",
     "Limits",
+    "MCPServer",
+    "MCPServerError",
+    "MCPServerStdio",
+    "MCPServerStreamableHTTP",
     "Model",
     "ModelError",
     "ModelRequest",

@@ -22,7 +22,7 @@ from .._errors import ConfigurationError, ToolError, ToolFailed
 from .._outcomes import invalid_arguments
 from .._wire import OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
-from ..tools import DEFAULT_QUEUE, Tool, ToolContext, ToolRegistry, tool
+from ..tools import DEFAULT_QUEUE, MCPServer, Tool, ToolContext, ToolRegistry, tool
 from ._model import (
     AssistantMessage,
     FakeModel,
@@ -120,7 +120,7 @@ class Agent:
     def __init__(
         self,
         model: Model | str,
-        tools: Iterable[Tool[..., Any]] | ToolRegistry = (),
+        tools: Iterable[Tool[..., Any] | MCPServer] | ToolRegistry = (),
         *,
         instructions: str | None = None,
         tool_retry: Retry | None = None,
