@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -50,14 +49,14 @@ def sent(log: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def server_group(log: Path) -> int:
-    """The process group of the server behind ``log`` (its session leader's pid)."""
-    return int(Path(f"{log}.pid").read_text().strip())
+def server_groups(log: Path) -> list[int]:
+    """The process groups of the servers started behind ``log`` (one per session), still alive."""
+    return [int(p) for p in Path(f"{log}.pid").read_text().split() if alive(int(p))]
 
 
 def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, dead but not yet reaped, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
         return False
-    return True
