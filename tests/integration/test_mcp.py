@@ -220,3 +220,24 @@ def test_mcp_server_time_from_pypi_answers_and_its_errors_are_tool_errors() -> N
     assert ok.status == "ok" and '"timezone": "UTC"' in ok.content
     assert bad_zone.status == "tool_error" and "Invalid timezone" in bad_zone.content
     assert missing.status == "invalid_arguments" and "source_timezone" in missing.content
+
+
+def test_the_readme_example_runs() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import PYTHONPATH, ROOT
+
+    out = subprocess.run(
+        [sys.executable, "examples/mcp_time.py"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == "True True False"
+    assert out[1].startswith('c1 ok {"timezone": "Europe/Lisbon"')
+    assert out[2].startswith("c2 tool_error Error executing tool get_current_time: Invalid timezone")
+    assert out[3] == "c3 ok Hello, Ana!"
