@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from criogenai import Dispatcher, MCPServerError, MCPServerStdio, Retry, ToolCall
+from criogenai import Dispatcher, MCPServerError, MCPServerStdio, MCPServerStreamableHTTP, Retry, ToolCall
 from tests.conftest import wait_for
 from tests.mcp_servers import everything_command, recorded_everything, sent, server_groups, time_command
 
@@ -241,3 +241,47 @@ def test_the_readme_example_runs() -> None:
     assert out[1].startswith('c1 ok {"timezone": "Europe/Lisbon"')
     assert out[2].startswith("c2 tool_error Error executing tool get_current_time: Invalid timezone")
     assert out[3] == "c3 ok Hello, Ana!"
+
+
+def test_streamable_http_server_everything_on_a_loopback_port(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    # Given server-everything in its streamable HTTP mode on a port of the test's choosing
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = tmp_path / "http.log"
+    with err.open("wb") as out:
+        proc = subprocess.Popen(
+            [everything_command(), "streamableHttp"],
+            env={**os.environ, "PORT": str(port)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: f"listening on port {port}" in err.read_text(), 20, "the HTTP server")
+        secret = "Bearer s3cret-token-value"
+        server = MCPServerStreamableHTTP(f"http://127.0.0.1:{port}/mcp", headers={"Authorization": secret})
+        assert secret not in repr(server) and "s3cret" not in server.name
+        with (
+            server,
+            Dispatcher([server], tool_retry=Retry(max_attempts=1), limits={"tool_timeout_secs": 3}) as d,
+        ):
+            assert "get-sum" in d.registry and "trigger-long-running-operation" in d.registry
+            ok, bad, slow = d.run_turn_sync(
+                [
+                    ToolCall(id="c1", name="get-sum", arguments={"a": 5, "b": 6}),
+                    ToolCall(id="c2", name="get-sum", arguments={"a": 5}),
+                    ToolCall(
+                        id="c3", name="trigger-long-running-operation", arguments={"duration": 20, "steps": 2}
+                    ),
+                ]
+            )
+        assert (ok.status, ok.content) == ("ok", "The sum of 5 and 6 is 11.")
+        assert bad.status == "invalid_arguments"
+        assert slow.status == "timeout"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
