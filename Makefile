@@ -11,7 +11,12 @@ $(BIN)/criogenai: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(BIN)/criogenai
 
-setup: $(BIN)/criogenai
+# MCP servers and clients from npm that the MCP tests drive (into tests/node, not globally)
+tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/package-lock.json
+	cd tests/node && npm ci --no-audit --no-fund --quiet
+	touch $@
+
+setup: $(BIN)/criogenai tests/node/node_modules/.package-lock.json
 
 demo: setup
 	$(BIN)/criogenai demo

@@ -56,7 +56,19 @@ from .dispatcher import (
 )
 from .documents import Collection, Document, InvalidQuery, Passage, SQLiteStore
 from .memory import EmbeddingError, LocalMemoryStore, Memory, OpenAIEmbeddings, RedisMemoryStore
-from .tools import InvalidArguments, Tool, ToolContext, ToolRegistry, ValidArguments, tool, tool_from_schema
+from .tools import (
+    InvalidArguments,
+    MCPServer,
+    MCPServerError,
+    MCPServerStdio,
+    MCPServerStreamableHTTP,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    ValidArguments,
+    tool,
+    tool_from_schema,
+)
 
 if TYPE_CHECKING:
     from .documents import PostgresStore
@@ -89,6 +101,10 @@ __all__ = [
     "InvalidQuery",
     "Limits",
     "LocalMemoryStore",
+    "MCPServer",
+    "MCPServerError",
+    "MCPServerStdio",
+    "MCPServerStreamableHTTP",
     "Memory",
     "Model",
     "ModelError",

@@ -33,6 +33,8 @@ def _worker(args: argparse.Namespace) -> int:
     if not modules:
         raise ConfigurationError("name the tool modules: --tools MODULE, or CRIOGENAI_TOOLS=MODULE,...")
     registry = ToolRegistry.from_modules(modules)
+    for server in registry.servers:  # listed; each pool process opens its own session when called
+        server.close()
     os.environ["CRIOGENAI_TOOLS"] = ",".join(modules)
     queues = args.queues or ",".join(sorted({t.queue for t in registry}))
     app = create_app(settings, registry)

@@ -25,7 +25,7 @@ from .._wire import OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
 from ..dispatcher._dispatcher import check_scope
 from ..memory import Memory
-from ..tools import DEFAULT_QUEUE, Tool, ToolContext, ToolRegistry, tool
+from ..tools import DEFAULT_QUEUE, MCPServer, Tool, ToolContext, ToolRegistry, tool
 from ._anthropic import AnthropicModel
 from ._model import (
     AssistantMessage,
@@ -130,7 +130,7 @@ class Agent:
     def __init__(
         self,
         model: Model | str,
-        tools: Iterable[Tool[..., Any]] | ToolRegistry = (),
+        tools: Iterable[Tool[..., Any] | MCPServer] | ToolRegistry = (),
         *,
         instructions: str | None = None,
         tool_retry: Retry | None = None,

@@ -17,7 +17,7 @@ from .._message import hard_limit_secs
 from .._signing import sign
 from .._tracing import note_turn, traced_turn
 from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
-from ..tools import Tool, ToolRegistry
+from ..tools import MCPServer, Tool, ToolRegistry
 from ..worker._app import check_server, create_app, make_ledger
 from ..worker._ledger import Ledger
 from ._approvals import Approvals
@@ -60,7 +60,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        tools: Iterable[Tool[..., Any]] | ToolRegistry,
+        tools: Iterable[Tool[..., Any] | MCPServer] | ToolRegistry,
         *,
         tool_retry: Retry | None = None,
         limits: Limits | Mapping[str, Any] | None = None,

@@ -2,6 +2,8 @@
 
 from ._content import DEFAULT_MAX_RESULT_CHARS, Content, cut, to_json_text
 from ._context import ToolContext
+from ._mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP
+from ._mcp_session import MCPServerError
 from ._registry import ToolRegistry
 from ._tool import DEFAULT_QUEUE, InvalidArguments, Tool, ValidArguments, tool, tool_from_schema
 
@@ -10,6 +12,10 @@ __all__ = [
     "DEFAULT_QUEUE",
     "Content",
     "InvalidArguments",
+    "MCPServer",
+    "MCPServerError",
+    "MCPServerStdio",
+    "MCPServerStreamableHTTP",
     "Tool",
     "ToolContext",
     "ToolRegistry",

@@ -43,3 +43,11 @@ def cut(text: str, max_chars: int = DEFAULT_MAX_RESULT_CHARS) -> Content:
     marker = f"\n[... cut: the result had {len(text):,} characters, the limit is {max_chars:,}]"
     keep = max(0, max_chars - len(marker))
     return Content((text[:keep] + marker)[:max_chars], True, len(text))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A tool's value for the model plus what only the run keeps (an MCP result's images, say)."""
+
+    value: Any
+    artifact: dict[str, Any] | None

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
+from ._mcp import MCPServer
 from ._tool import Tool
 
 if TYPE_CHECKING:
@@ -14,14 +15,25 @@ if TYPE_CHECKING:
 
 
 class ToolRegistry:
-    """Tools by name. Duplicate names are refused; unknown names are simply absent."""
+    """Tools by name. Duplicate names are refused; unknown names are simply absent.
 
-    def __init__(self, tools: Iterable[Tool[..., Any]] = ()) -> None:
+    An MCP server among the tools stands for every tool it lists (``MCPServer.tools()``).
+    """
+
+    def __init__(self, tools: Iterable[Tool[..., Any] | MCPServer] = ()) -> None:
         self._tools: dict[str, Tool[..., Any]] = {}
+        self.servers: list[MCPServer] = []
+        """The MCP servers whose tools were added."""
         for t in tools:
             self.add(t)
 
-    def add(self, t: Tool[..., Any]) -> None:
+    def add(self, t: Tool[..., Any] | MCPServer) -> None:
+        if isinstance(t, MCPServer):
+            for each in t.tools():
+                self.add(each)
+            if t not in self.servers:
+                self.servers.append(t)
+            return
         if not isinstance(t, Tool):
             raise ConfigurationError(f"{t!r} is not a tool; decorate it with @tool")
         other = self._tools.get(t.name)
@@ -61,16 +73,17 @@ class ToolRegistry:
 
     @classmethod
     def from_modules(cls, modules: Iterable[str]) -> ToolRegistry:
-        """Import each module by dotted path and register every Tool defined at its top level."""
+        """Import each module by dotted path and register every Tool (and every MCP server's tools)
+        defined at its top level."""
         registry = cls()
         for path in modules:
             try:
                 module = importlib.import_module(path)
             except ImportError as exc:
                 raise ConfigurationError(f"cannot import tool module {path!r}: {exc}") from exc
-            found = [v for v in vars(module).values() if isinstance(v, Tool)]
+            found = [v for v in vars(module).values() if isinstance(v, Tool | MCPServer)]
             if not found:
-                raise ConfigurationError(f"tool module {path!r} defines no @tool")
+                raise ConfigurationError(f"tool module {path!r} defines no @tool and no MCP server")
             for t in found:
                 registry.add(t)
         return registry

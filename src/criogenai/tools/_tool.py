@@ -7,6 +7,7 @@ import hashlib
 import inspect
 import json
 import re
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -72,8 +73,9 @@ class Tool(Generic[P, R]):
             raise ToolDefinitionError(f"tool {name!r}: timeout_secs must be > 0, not {timeout_secs}")
         if max_concurrency is not None and max_concurrency < 1:
             raise ToolDefinitionError(f"tool {name!r}: max_concurrency must be >= 1, not {max_concurrency}")
+        validator_class = _validator_class(parameters)
         try:
-            jsonschema.Draft202012Validator.check_schema(parameters)
+            validator_class.check_schema(parameters)
         except jsonschema.SchemaError as exc:
             raise ToolDefinitionError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from exc
         if parameters.get("type") != "object":
@@ -92,7 +94,7 @@ class Tool(Generic[P, R]):
         self._parameters = parameters
         self._model = model
         self._context_param = context_param
-        self._validator = jsonschema.Draft202012Validator(_inlined(parameters))
+        self._validator = validator_class(_inlined(parameters))
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -159,6 +161,14 @@ class Tool(Generic[P, R]):
             kwargs = {**kwargs, self._context_param: ctx}
         fn: Callable[..., Any] = self.fn
         return fn(**kwargs)
+
+
+def _validator_class(schema: dict[str, Any]) -> Any:
+    """The validator of the draft the schema names in ``$schema`` (MCP servers send draft-07 and
+    2020-12 ones), Draft 2020-12 when it names none or one jsonschema does not know."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # an unknown $schema: the default
+        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
 
 
 def _inlined(schema: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from .._message import hard_limit_secs
 from .._outcomes import Outcome, invalid_arguments, stopped_by_cancel, timed_out, unexpected
 from .._wire import DEFAULT_MAX_STORED_CHARS, OnToolException
 from ..tools import InvalidArguments, Tool, ToolContext, cut, to_json_text
+from ..tools._content import ToolOutput
 from . import _loop
 
 log = logging.getLogger(__name__)
@@ -366,8 +367,12 @@ def execute(
         return invalid_arguments(tool.name, checked.problems[:50])  # an edited call may have thousands
     kwargs = checked.kwargs
     started = time.monotonic()
+    kept: dict[str, Any] | None = None
     try:
-        text = to_json_text(_invoke(tool, kwargs, ctx, timeout_secs, inline_sync, stop))
+        value = _invoke(tool, kwargs, ctx, timeout_secs, inline_sync, stop)
+        if isinstance(value, ToolOutput):
+            value, kept = value.value, value.artifact
+        text = to_json_text(value)
     except ToolError as exc:
         message = cut(str(exc.message), max_result_chars)
         return Outcome(
@@ -387,9 +392,10 @@ def execute(
         caps = (max_result_chars, max(max_stored_chars, max_result_chars))
         return _unexpected(tool, ctx, exc, on_tool_exception, caps, time.monotonic() - started)
     body = cut(text, max_result_chars)
-    artifact: dict[str, Any] | None = None
+    artifact: dict[str, Any] | None = dict(kept) if kept else None
     if body.truncated:  # the model gets the cut text; the run keeps the value, up to the stored cap
-        artifact = {"full_chars": body.full_chars, "full": cut(text, max_stored_chars).text}
+        full = cut(text, max_stored_chars).text
+        artifact = {**(artifact or {}), "full_chars": body.full_chars, "full": full}
     return Outcome("ok", body.text, artifact, body.truncated, duration_secs=time.monotonic() - started)
 
 
