@@ -18,7 +18,7 @@ tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/p
 
 setup: $(BIN)/criogenai tests/node/node_modules/.package-lock.json
 
-demo: setup
+demo: $(BIN)/criogenai
 	$(BIN)/criogenai demo
 
 test: setup
