@@ -161,7 +161,8 @@ def create_app(
         check_server(ledger)
         runtime = WorkerRuntime(app, registry, ledger, signing_secret=settings.signing_secret)
         register(app, runtime)
-        install_worker_options(app, registry)  # for `criogenai worker` and `celery -A ... worker` alike
+        # criogenai's settings for `criogenai worker` and `celery -A criogenai.worker worker` alike
+        install_worker_options(app, registry, settings.redis_url)
         _drop_builtin_tasks(app)
         if isinstance(runtime.ledger, RedisLedger):  # a fleet: publish the tools it serves
             catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix)

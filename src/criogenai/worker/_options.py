@@ -59,6 +59,17 @@ def worker_options() -> list[click.Option]:
             help="criogenai: address the metrics bind to ($CRIOGENAI_METRICS_HOST, default 127.0.0.1).",
         ),
         click.Option(
+            ["--health-port"],
+            type=int,
+            default=lambda: env_port("CRIOGENAI_HEALTH_PORT"),
+            help="criogenai: serve /livez and /readyz on this port ($CRIOGENAI_HEALTH_PORT).",
+        ),
+        click.Option(
+            ["--health-host"],
+            default=lambda: os.environ.get("CRIOGENAI_HEALTH_HOST") or "127.0.0.1",
+            help="criogenai: address the health checks bind to ($CRIOGENAI_HEALTH_HOST, default 127.0.0.1).",
+        ),
+        click.Option(
             ["--otel/--no-otel"],
             default=lambda: env_flag("CRIOGENAI_OTEL"),
             help="criogenai: trace each call with OpenTelemetry ($CRIOGENAI_OTEL=1).",
@@ -82,8 +93,11 @@ def _pool_name(options: dict[str, Any], app: Celery) -> str:
     return "prefork" if issubclass(cls, Prefork) else "threads"
 
 
-def apply(app: Celery, registry: ToolRegistry, worker: Any, options: dict[str, Any]) -> None:
-    """Apply criogenai's settings to a worker Celery is building (queues, logs, metrics, traces)."""
+def apply(
+    app: Celery, registry: ToolRegistry, worker: Any, options: dict[str, Any], redis_url: str | None = None
+) -> None:
+    """Apply criogenai's settings to a worker Celery is building (queues, logs, metrics, health
+    checks, traces)."""
     if not options.get("queues"):
         app.amqp.queues.select(default_queues(registry))
     level = options.get("loglevel") or "INFO"
@@ -98,13 +112,18 @@ def apply(app: Celery, registry: ToolRegistry, worker: Any, options: dict[str, A
         from .._metrics import serve_metrics
 
         serve_metrics(app, int(port), registry.names(), options.get("metrics_host") or DEFAULT_METRICS_HOST)
+    if options.get("health_port"):
+        from ._health import serve_health
+
+        host = options.get("health_host") or "127.0.0.1"
+        serve_health(worker, redis_url, int(options["health_port"]), host)
     if options.get("otel"):
         from .._tracing import instrument_worker
 
         instrument_worker(_pool_name(options, app))
 
 
-def install(app: Celery, registry: ToolRegistry) -> None:
+def install(app: Celery, registry: ToolRegistry, redis_url: str | None = None) -> None:
     """Give ``app``'s ``worker`` command criogenai's options, applied as its worker is built."""
     for option in worker_options():
         app.user_options["worker"].add(option)
@@ -114,7 +133,7 @@ def install(app: Celery, registry: ToolRegistry) -> None:
         if getattr(instance, "app", None) is not app:
             return
         try:
-            apply(app, registry, instance, dict(options or {}))
+            apply(app, registry, instance, dict(options or {}), redis_url)
         except ConfigurationError as exc:  # Celery logs and ignores what its signals' handlers raise
             print(f"criogenai: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
