@@ -111,7 +111,8 @@ def apply(
     if port:
         from .._metrics import serve_metrics
 
-        serve_metrics(app, int(port), registry.names(), options.get("metrics_host") or DEFAULT_METRICS_HOST)
+        host = options.get("metrics_host") or DEFAULT_METRICS_HOST
+        serve_metrics(app, int(port), registry.names(), host, broker_url=app.conf.broker_url)
     if options.get("health_port"):
         from ._health import serve_health
 
