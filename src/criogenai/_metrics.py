@@ -201,6 +201,13 @@ def serve_metrics(
         raise ConfigurationError(
             "--metrics-port needs prometheus-client: pip install 'criogenai[metrics]'"
         ) from exc
+    from prometheus_client import values
+
+    if values.ValueClass is values.MutexValue:
+        # prometheus-client was imported before the directory was set (Celery's CLI imports its
+        # plugins, Flower's among them, which imports it): pick its multiprocess mode now, before
+        # criogenai's metrics exist, or the pool children's samples would never reach the endpoint.
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     if (broker_url or "").startswith(("redis://", "rediss://")):
