@@ -7,6 +7,7 @@ turn of tool calls from the agent process with ``Dispatcher.run_turn``.
 from ._catalog import Catalog, CatalogEntry
 from ._config import Limits, Retry, Settings
 from ._errors import (
+    CallFailed,
     ConfigurationError,
     CriogenaiError,
     RemoteToolException,
@@ -14,6 +15,7 @@ from ._errors import (
     ToolError,
     ToolFailed,
 )
+from ._keys import task_id
 from ._results import fetch_full
 from ._version import __version__
 from ._wire import OnToolException, ToolCall, ToolResult, ToolStatus
@@ -64,6 +66,7 @@ __all__ = [
     "AssistantMessage",
     "BeforeHook",
     "Block",
+    "CallFailed",
     "Catalog",
     "CatalogEntry",
     "ChangeArguments",
@@ -106,6 +109,7 @@ __all__ = [
     "ValidArguments",
     "__version__",
     "fetch_full",
+    "task_id",
     "tool",
     "tool_from_schema",
 ]

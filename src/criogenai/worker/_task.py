@@ -21,9 +21,10 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 from pydantic import ValidationError
 
 from .._config import backoff_secs
+from .._errors import CallFailed
 from .._keys import MAX_LOST_RUNS, TASK_NAME
 from .._message import hard_limit_secs, send_call
-from .._outcomes import CallReport, Outcome, cancelled_before_start, timed_out
+from .._outcomes import FAILED_STATUSES, CallReport, Outcome, cancelled_before_start, timed_out
 from .._refusals import ErrorBurst
 from .._signing import authentic, refusal, sign_result
 from .._wire import ToolResult, ToolTask
@@ -110,13 +111,19 @@ _Returned = dict[str, Any] | CallReport
 
 
 def _for_celery(result: ToolResult, task: Task) -> _Returned:
-    """What the task returns. Read by the log and metrics hooks (``task_postrun``), and stored by
-    Celery unless results are ignored (the ledger writes Celery's record itself; a message may
-    say otherwise): then the result without its artifact, which may hold what ``return_generic``
-    hides. The full result is in the ledger."""
+    """What the task returns, or raises for a failed call (``CallFailed``: Celery's FAILURE state,
+    its task-failed event, Flower's "failed", with no error text). Read by the log and metrics
+    hooks (``task_postrun``), and stored by Celery unless results are ignored (the ledger writes
+    Celery's record itself; a message may say otherwise): then the result without its artifact,
+    which may hold what ``return_generic`` hides. The full result is in the ledger."""
+    report = CallReport(result.status, result.attempts, result.duration_secs or 0.0)
+    if result.status in FAILED_STATUSES:
+        failed = CallFailed(result.status, result.name, result.run_id or "", result.call_id)
+        failed.report = report
+        raise failed
     if not get_actual_ignore_result(task, task.request):
         return result.model_dump(mode="json", exclude={"artifact"})
-    return CallReport(result.status, result.attempts, result.duration_secs or 0.0)
+    return report
 
 
 def _payload(task: Task, body: Any) -> ToolTask:
@@ -403,6 +410,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         reject_on_worker_lost=False,
         ignore_result=runtime.ledger.stores_celery_results,
         store_errors_even_if_ignored=True,  # a refused message keeps Celery's FAILURE record
+        throws=(CallFailed,),  # an expected end: logged in a line, without a traceback
     )
     def call(self: Task, task: Any = None) -> _Returned:
         return runtime.run(self, task)
