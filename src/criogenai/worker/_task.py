@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from .._config import backoff_secs
 from .._errors import CallFailed
-from .._keys import MAX_LOST_RUNS, TASK_NAME
+from .._keys import MAX_LOST_RUNS, TASK_NAME, task_id
 from .._message import hard_limit_secs, send_call
 from .._outcomes import FAILED_STATUSES, CallReport, Outcome, cancelled_before_start, timed_out
 from .._refusals import ErrorBurst
@@ -182,6 +182,12 @@ class WorkerRuntime:
             # A token no claim holds: a forged message must not drop a running call's claim.
             self._file(result, run_id, "refused", payload.reply_to, done=True)
             return _for_celery(result, task)
+        expected_id = task_id(run_id, call.id)
+        if task.request.id != expected_id:
+            # Plain Celery (send_task, a group) with an id of its own: results are filed, and
+            # Celery's record written, under the call's own id, which the sender would never read.
+            self._refuse(task, payload, "its task id is not the call's own, criogenai.task_id(run_id, "
+                         f"call_id) = {expected_id!r}: send it with that task_id")
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule is the worker's too: a queue written by others cannot make it retry a
             # tool that is neither read-only nor idempotent.
