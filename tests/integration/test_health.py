@@ -48,7 +48,7 @@ def test_readyz_follows_redis_and_livez_stays_up(worker_factory, own_redis) -> N
     wait_for(lambda: _probe(port, "/readyz")[0] == 200, timeout=40, what="ready again")
 
 
-def test_the_compose_file_is_valid_against_the_compose_spec_and_checks_worker_health() -> None:
+def test_the_compose_file_is_valid_checks_worker_health_and_keeps_flower_private() -> None:
     # The Compose spec's own JSON schema, as check-jsonschema ships it (vendor.compose-spec)
     checked = subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
@@ -60,6 +60,12 @@ def test_the_compose_file_is_valid_against_the_compose_spec_and_checks_worker_he
     probe = " ".join(worker["healthcheck"]["test"])
     assert f"127.0.0.1:{worker['environment']['CRIOGENAI_HEALTH_PORT']}/readyz" in probe
     assert services["agent"]["depends_on"]["worker"]["condition"] == "service_healthy"
+    # Flower: its login from the environment, with no default, and published on loopback only
+    flower = services["flower"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
+    assert all(str(p).startswith("127.0.0.1:") for p in flower["ports"])
+    # Metrics: the workers bind them on the container's address on purpose (the default is loopback)
+    assert worker["environment"]["CRIOGENAI_METRICS_HOST"] == "0.0.0.0" and "ports" not in worker
     # The image's own HEALTHCHECK asks the same endpoint
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "HEALTHCHECK" in dockerfile and "/readyz" in dockerfile
