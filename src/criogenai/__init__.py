@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._catalog import Catalog, CatalogEntry
 from ._config import Limits, Retry, Settings
 from ._errors import (
+    CallFailed,
     ConfigurationError,
     CriogenaiError,
     RemoteToolException,
@@ -16,6 +17,7 @@ from ._errors import (
     ToolError,
     ToolFailed,
 )
+from ._keys import task_id
 from ._results import fetch_full
 from ._version import __version__
 from ._wire import OnToolException, ToolCall, ToolResult, ToolStatus
@@ -85,6 +87,7 @@ __all__ = [
     "AssistantMessage",
     "BeforeHook",
     "Block",
+    "CallFailed",
     "Catalog",
     "CatalogEntry",
     "ChangeArguments",
@@ -142,6 +145,7 @@ __all__ = [
     "ValidArguments",
     "__version__",
     "fetch_full",
+    "task_id",
     "tool",
     "tool_from_schema",
 ]

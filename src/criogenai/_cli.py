@@ -20,7 +20,9 @@ from ._errors import ConfigurationError
 POOLS = ("prefork", "threads")
 
 
-def _worker(args: argparse.Namespace) -> int:
+def _worker(args: argparse.Namespace, celery_args: list[str]) -> int:
+    """Build the app for the tool modules, then hand every other argument to Celery's worker; the
+    criogenai options go to the same command, whose ``celeryd_init`` applies them (``_options``)."""
     from .tools import ToolRegistry
     from .worker import create_app
     from .worker._credentials import exit_status
@@ -36,7 +38,6 @@ def _worker(args: argparse.Namespace) -> int:
     for server in registry.servers:  # listed; each pool process opens its own session when called
         server.close()
     os.environ["CRIOGENAI_TOOLS"] = ",".join(modules)
-    queues = args.queues or ",".join(sorted({t.queue for t in registry}))
     app = create_app(settings, registry)
     pool = [f"--pool={args.pool}"]
     if args.pool == "threads":  # criogenai's pool: calls wait on one event loop, not a thread each
@@ -44,34 +45,20 @@ def _worker(args: argparse.Namespace) -> int:
 
         app.conf.worker_pool = POOL
         pool = []  # Celery maps its default pool name to worker_pool; "threads" to its own
-    argv = [
-        "worker",
-        *pool,
-        f"--queues={queues}",
-        f"--loglevel={args.loglevel}",
-        "--without-gossip",
-        "--without-mingle",
-    ]
+    argv = ["worker", *pool, f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle"]
+    argv += [f"--log-format={args.log_format}", f"--metrics-port={args.metrics_port}"]
+    argv += ["--otel" if args.otel else "--no-otel"]
+    if args.metrics_host:
+        argv.append(f"--metrics-host={args.metrics_host}")
+    if args.queues:
+        argv.append(f"--queues={args.queues}")
     if args.concurrency:
         argv.append(f"--concurrency={args.concurrency}")
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
     if args.events:
         argv.append("--task-events")
-    if args.log_format == "json":
-        from ._logging import install_json_logging
-
-        install_json_logging(app, args.loglevel)
-        argv.insert(0, "--quiet")  # no banner: every line on the output is JSON
-    if args.metrics_port:
-        from ._metrics import serve_metrics
-
-        serve_metrics(app, args.metrics_port, registry.names())
-    if args.otel:
-        from ._tracing import instrument_worker
-
-        instrument_worker(args.pool)
-    status = _run_celery(app, argv)
+    status = _run_celery(app, [*argv, *celery_args])
     return exit_status() or status  # refused credentials: Celery's own status does not say so
 
 
@@ -131,7 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())  # tool modules named relative to where the command runs
     parser = argparse.ArgumentParser(prog="criogenai", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker", help="run a Celery worker that serves tool modules")
+    w = sub.add_parser(
+        "worker",
+        help="run a Celery worker that serves tool modules",
+        description="Run a Celery worker that serves tool modules. Every other option is Celery's "
+        "worker's (--autoscale, --max-tasks-per-child, --max-memory-per-child, --prefetch-multiplier, "
+        "-O fair, --pidfile, --logfile, ...: see `celery worker --help`).",
+        allow_abbrev=False,  # a prefix of a Celery option must reach Celery, not match one of ours
+    )
     w.add_argument(
         "--tools",
         action="append",
@@ -150,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument(
         "--queues",
         "-Q",
-        default=os.environ.get("CRIOGENAI_QUEUES", ""),
+        default="",
         help="comma-separated; default: $CRIOGENAI_QUEUES, else the tools' queues",
     )
     w.add_argument(
@@ -164,6 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=os.environ.get("CRIOGENAI_METRICS_PORT") or 0,  # argparse converts a string default
         help="serve Prometheus metrics on this port (needs criogenai[metrics])",
+    )
+    w.add_argument(
+        "--metrics-host",
+        default="",
+        help="address the metrics endpoint binds to; default: $CRIOGENAI_METRICS_HOST, else 127.0.0.1",
     )
     w.add_argument(
         "--otel",
@@ -183,8 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_approvals_parser(sub)
     add_fleet_parsers(sub)
     add_cancel_parser(sub)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.func is not _worker:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        if args.func is _worker:
+            return int(_worker(args, rest))
         return int(args.func(args))
     except ConfigurationError as exc:
         print(f"criogenai: {exc}", file=sys.stderr)

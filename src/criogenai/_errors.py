@@ -4,7 +4,8 @@ ToolError                  raised by a tool's author; its message goes to the mo
 CriogenaiError             raised by criogenai to programmers
 ├── ToolDefinitionError    also a TypeError: a tool cannot be defined as written
 ├── ConfigurationError     also a ValueError: a setting is wrong
-└── ToolFailed             a call failed under on_tool_exception="fail"; __cause__ is RemoteToolException
+├── ToolFailed             a call failed under on_tool_exception="fail"; __cause__ is RemoteToolException
+└── CallFailed             a call's Celery task failed (tool_error, exception, timeout, ...): Celery's view
 
 RemoteToolException        stands in for an exception raised in a worker process
 """
@@ -68,3 +69,23 @@ class ToolFailed(CriogenaiError):
         super().__init__(message)
         self.result = result
         self.results = results
+
+
+class CallFailed(CriogenaiError):
+    """What a worker's Celery task raises when its call ended with a failure status, after filing
+    the call's result: Celery's state (FAILURE), its events and Flower then show the call as failed.
+    ``AsyncResult(task_id).get()`` raises it. It carries the status, tool name and ids, never the
+    tool's error text (which ``return_generic`` hides); the result itself is filed under the run.
+    """
+
+    def __init__(self, status: str, tool: str, run_id: str, call_id: str) -> None:
+        super().__init__(status, tool, run_id, call_id)  # Celery rebuilds it from these
+        self.status, self.tool, self.run_id, self.call_id = status, tool, run_id, call_id
+        self.report: object = None
+        """The worker's ``CallReport``, for its log and metrics hooks (never sent)."""
+
+    def __str__(self) -> str:
+        return f"call {self.call_id} of run {self.run_id}: tool {self.tool!r} ended {self.status}"
+
+
+CallFailed.__module__ = "criogenai"  # where Celery finds it when rebuilding it from a result record

@@ -145,8 +145,54 @@ def _tool_name(kwargs: Any) -> Any:
     return call.get("name") if isinstance(call, dict) else None
 
 
-def serve_metrics(app: Celery, port: int, tools: Iterable[str], host: str = "0.0.0.0") -> WorkerMetrics:
-    """Start the HTTP endpoint and the recording; call before the worker's pool starts."""
+PRIORITY_SEP = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+"""kombu's Redis transport keeps a queue in the list named as the queue, and messages sent with a
+priority in lists ``<queue>\x06\x16<step>`` beside it; criogenai publishes at priority 0."""
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a queue's waiting messages (kombu's names, priority lists included)."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+
+
+class QueueDepth:
+    """``criogenai_queue_length{queue}``: messages waiting in each queue this worker consumes, read
+    from Redis at each scrape (one pipelined round trip); absent when Redis does not answer."""
+
+    def __init__(self, app: Celery, broker_url: str) -> None:
+        import redis
+
+        self._app = app
+        self._client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
+
+    def collect(self) -> Iterable[Any]:
+        import redis
+        from prometheus_client.core import GaugeMetricFamily
+
+        queues = sorted(self._app.amqp.queues.consume_from or self._app.amqp.queues)
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    for name in queue_lists(queue):
+                        pipe.llen(name)
+                sizes = pipe.execute()
+        except (redis.RedisError, OSError):
+            return []
+        family = GaugeMetricFamily(
+            "criogenai_queue_length", "Calls waiting in each queue this worker consumes.", labels=["queue"]
+        )
+        steps = len(PRIORITY_STEPS)
+        for i, queue in enumerate(queues):
+            family.add_metric([queue], sum(sizes[i * steps : (i + 1) * steps]))
+        return [family]
+
+
+def serve_metrics(
+    app: Celery, port: int, tools: Iterable[str], host: str = "127.0.0.1", broker_url: str | None = None
+) -> WorkerMetrics:
+    """Start the HTTP endpoint and the recording; call before the worker's pool starts. With a
+    Redis broker, also the depth of the worker's queues."""
     _multiprocess_dir()  # before prometheus_client is imported: it picks its mode at import
     try:
         from prometheus_client import CollectorRegistry, start_http_server
@@ -155,8 +201,17 @@ def serve_metrics(app: Celery, port: int, tools: Iterable[str], host: str = "0.0
         raise ConfigurationError(
             "--metrics-port needs prometheus-client: pip install 'criogenai[metrics]'"
         ) from exc
+    from prometheus_client import values
+
+    if values.ValueClass is values.MutexValue:
+        # prometheus-client was imported before the directory was set (Celery's CLI imports its
+        # plugins, Flower's among them, which imports it): pick its multiprocess mode now, before
+        # criogenai's metrics exist, or the pool children's samples would never reach the endpoint.
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    if (broker_url or "").startswith(("redis://", "rediss://")):
+        registry.register(QueueDepth(app, broker_url or ""))
     metrics = WorkerMetrics(tools)
     try:
         start_http_server(port, addr=host, registry=registry)

@@ -11,6 +11,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from ._errors import CallFailed
 from ._wire import OnToolException, ToolStatus
 from .tools._content import cut
 
@@ -31,9 +32,17 @@ class CallReport:
         return f"<call {self.status}>"
 
 
+FAILED_STATUSES: frozenset[str] = frozenset(
+    {"tool_error", "exception", "timeout", "lost", "invalid_arguments", "unknown_tool"}
+)
+"""Statuses whose task ends in Celery's FAILURE state (``CallFailed``): the call did not do its job."""
+
+
 def call_report(retval: Any) -> CallReport | None:
-    """The report in a task's return value: a ``CallReport``, or the result dict Celery stores
-    when the ledger does not write Celery's record."""
+    """The report in a task's return value: a ``CallReport``, the one a ``CallFailed`` carries, or
+    the result dict Celery stores when the ledger does not write Celery's record."""
+    if isinstance(retval, CallFailed):
+        retval = retval.report
     if isinstance(retval, CallReport):
         return retval
     if isinstance(retval, dict) and isinstance(retval.get("status"), str):

@@ -213,7 +213,8 @@ def test_poison_messages_are_refused_and_the_worker_keeps_serving(worker_factory
     assert shape["status"] == "FAILURE"
     # results are filed under the call's own task id (run id + call id), whatever the message said
     forged_meta = json.loads(client.get(f"celery-task-meta-{task_id('r', 'y')}"))
-    assert forged_meta["result"]["status"] == "unknown_tool"
+    assert forged_meta["status"] == "FAILURE"  # the call failed: CallFailed, status first
+    assert forged_meta["result"]["exc_message"][0] == "unknown_tool"
     assert w.proc.poll() is None
 
 

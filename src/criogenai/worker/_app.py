@@ -25,6 +25,7 @@ from .._signing import key_id
 from ..tools import ToolRegistry
 from ._credentials import CONSUMER, TRANSPORT
 from ._ledger import Ledger, MemoryLedger, RedisLedger
+from ._options import install as install_worker_options
 from ._task import WorkerRuntime, register
 
 
@@ -161,6 +162,8 @@ def create_app(
         check_server(ledger)
         runtime = WorkerRuntime(app, registry, ledger, signing_secret=settings.signing_secret)
         register(app, runtime)
+        # criogenai's settings for `criogenai worker` and `celery -A criogenai.worker worker` alike
+        install_worker_options(app, registry, settings.redis_url)
         _drop_builtin_tasks(app)
         if isinstance(runtime.ledger, RedisLedger):  # a fleet: publish the tools it serves
             catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix)

@@ -43,6 +43,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from .._keys import Keys, task_id
+from .._outcomes import FAILED_STATUSES
 from .._wire import ToolResult
 from ._loop import pause
 
@@ -274,10 +275,16 @@ UNACKED_KEY, UNACKED_INDEX_KEY = "unacked", "unacked_index"
 
 
 def _celery_meta(tid: str, result: ToolResult) -> str:
-    """Celery's SUCCESS record for a call: the result without its artifact (never for models or
-    other readers of the backend: it may hold what ``return_generic`` hides). Written as text
+    """Celery's record for a call: SUCCESS with the result without its artifact (never for models
+    or other readers of the backend: it may hold what ``return_generic`` hides), or FAILURE with a
+    ``CallFailed`` (status, tool and ids only) for a failed call, as the task ends. Written as text
     around pydantic's own JSON of the result: this runs for every call."""
     done = datetime.now(UTC).isoformat()
+    if result.status in FAILED_STATUSES:
+        exc = {"exc_type": "CallFailed", "exc_module": "criogenai",
+               "exc_message": [result.status, result.name, result.run_id or "", result.call_id]}
+        return json.dumps({"status": "FAILURE", "result": exc, "traceback": None, "children": [],
+                           "date_done": done, "task_id": tid})
     return (
         f'{{"status":"SUCCESS","result":{result.model_dump_json(exclude={"artifact"})},'
         f'"traceback":null,"children":[],"date_done":"{done}","task_id":{json.dumps(tid)}}}'

@@ -22,9 +22,18 @@ from celery.worker.request import Request
 from pydantic import ValidationError
 
 from .._config import backoff_secs
-from .._keys import MAX_LOST_RUNS, TASK_NAME
+from .._errors import CallFailed
+from .._keys import MAX_LOST_RUNS, TASK_NAME, task_id
 from .._message import hard_limit_secs, send_call, shown_options
-from .._outcomes import CallReport, Outcome, cancelled_before_start, shown_name, timed_out, unknown_tool
+from .._outcomes import (
+    FAILED_STATUSES,
+    CallReport,
+    Outcome,
+    cancelled_before_start,
+    shown_name,
+    timed_out,
+    unknown_tool,
+)
 from .._refusals import ErrorBurst
 from .._signing import authentic, refusal, sign_result
 from .._tracing import end_tool_span, tool_span
@@ -110,13 +119,19 @@ _Returned = dict[str, Any] | CallReport
 
 
 def _for_celery(result: ToolResult, task: Task) -> _Returned:
-    """What the task returns. Read by the log and metrics hooks (``task_postrun``), and stored by
-    Celery unless results are ignored (the ledger writes Celery's record itself; a message may
-    say otherwise): then the result without its artifact, which may hold what ``return_generic``
-    hides. The full result is in the ledger."""
+    """What the task returns, or raises for a failed call (``CallFailed``: Celery's FAILURE state,
+    its task-failed event, Flower's "failed", with no error text). Read by the log and metrics
+    hooks (``task_postrun``), and stored by Celery unless results are ignored (the ledger writes
+    Celery's record itself; a message may say otherwise): then the result without its artifact,
+    which may hold what ``return_generic`` hides. The full result is in the ledger."""
+    report = CallReport(result.status, result.attempts, result.duration_secs or 0.0)
+    if result.status in FAILED_STATUSES:
+        failed = CallFailed(result.status, result.name, result.run_id or "", result.call_id)
+        failed.report = report
+        raise failed
     if not get_actual_ignore_result(task, task.request):
         return result.model_dump(mode="json", exclude={"artifact"})
-    return CallReport(result.status, result.attempts, result.duration_secs or 0.0)
+    return report
 
 
 def _payload(task: Task, body: Any) -> ToolTask:
@@ -175,6 +190,12 @@ class WorkerRuntime:
             # A token no claim holds: a forged message must not drop a running call's claim.
             self._file(result, run_id, "refused", payload.reply_to, done=True)
             return _for_celery(result, task)
+        expected_id = task_id(run_id, call.id)
+        if task.request.id != expected_id:
+            # Plain Celery (send_task, a group) with an id of its own: results are filed, and
+            # Celery's record written, under the call's own id, which the sender would never read.
+            self._refuse(task, payload, "its task id is not the call's own, criogenai.task_id(run_id, "
+                         f"call_id) = {expected_id!r}: send it with that task_id")
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule is the worker's too: a queue written by others cannot make it retry a
             # tool that is neither read-only nor idempotent.
@@ -424,6 +445,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         Request=CallRequest,
         ignore_result=runtime.ledger.stores_celery_results or not records,
         store_errors_even_if_ignored=records,  # with records, a refused message keeps its FAILURE
+        throws=(CallFailed,),  # an expected end: logged in a line, without a traceback
     )
     def call(self: Task, task: Any = None) -> _Returned:
         return runtime.run(self, task)
