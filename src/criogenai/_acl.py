@@ -17,7 +17,7 @@ FLEET_COMMANDS = (
     # kombu's routing table; heartbeats, limits, the catalog, approvals, unacknowledged messages
     "sadd", "srem", "smembers",
     "zadd", "zrem", "zcard", "zrank", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
-    "hset", "hsetnx", "hget", "hmget", "hgetall", "hdel", "hexists",
+    "hset", "hsetnx", "hget", "hmget", "hgetall", "hdel", "hexists", "hincrby", "hlen", "hvals",
     "get", "set", "setex", "mget", "del", "exists", "expire", "pexpire", "incr",
     "multi", "exec",
     # the ledger's, limits', approvals' and kombu's scripts (the commands they run are checked too)

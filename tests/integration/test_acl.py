@@ -112,3 +112,8 @@ def test_a_fleet_runs_under_the_least_privilege_acl_user_with_nothing_refused(tm
         log = admin.execute_command("ACL", "LOG")
         server.stop()
     assert log == [], log
+
+
+def test_the_readme_quotes_the_rendered_command() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert acl_setuser("criogenai", "PASSWORD") in readme.splitlines()

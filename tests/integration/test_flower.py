@@ -63,7 +63,9 @@ def flower(tmp_path, redis_up):  # type: ignore[no-untyped-def]
 
 def test_flower_shows_a_failed_call_as_failed_without_arguments_or_error_text(worker_factory, flower) -> None:  # type: ignore[no-untyped-def]
     # Given a worker sending task events, watched by Flower
-    worker_factory(pool="threads", concurrency=4, queues="criogenai", extra_args=("--events",))
+    # Celery's result records too, for the stock AsyncResult below
+    worker_factory(pool="threads", concurrency=4, queues="criogenai", extra_args=("--events",),
+                   extra_env={"CRIOGENAI_CELERY_RESULT_RECORDS": "1"})
     # When a turn has a call that succeeds, a ToolError and an exception holding a secret
     run_id = f"flower-{key()}"
     with make_dispatcher(on_tool_exception="return_generic") as d:

@@ -27,8 +27,9 @@ def _body(run_id: str, call: ToolCall) -> dict[str, object]:
 def worker(tmp_path_factory, redis_up):  # type: ignore[no-untyped-def]
     from tests.conftest import start_worker
 
+    # Plain Celery's AsyncResult reads Celery's result records, which the fleet keeps only when asked
     w = start_worker(fleet_url(), tmp_path_factory.mktemp("plain"), pool="threads", concurrency=4,
-                     queues="criogenai")
+                     queues="criogenai", extra_env={"CRIOGENAI_CELERY_RESULT_RECORDS": "1"})
     yield w
     w.stop()
 

@@ -12,7 +12,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def examples() -> list[str]:
     text = README.read_text()
-    section = text[text.index("## Memory and collections"):text.index("## Layout")]
+    start = text.index("## Memory and collections")
+    section = text[start:text.index("\n## ", start + 1)]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
