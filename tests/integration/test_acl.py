@@ -67,8 +67,9 @@ def test_a_fleet_runs_under_the_least_privilege_acl_user_with_nothing_refused(tm
             assert died.status == "lost", died
             # A call whose worker is SIGKILLed runs again on another worker
             k = key()
+            # (long enough that the second worker is up before the first finishes, on a loaded machine)
             fut = ex.submit(d.run_turn_sync, [ToolCall(id="slow", name="sleep_for",
-                                                       arguments={"seconds": 2, "key": k})])
+                                                       arguments={"seconds": 8, "key": k})])
             wait_for(lambda: runs(k) == 1, what="the call to start on the first worker")
             b = worker("threads")
             a.kill(signal.SIGKILL)

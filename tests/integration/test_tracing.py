@@ -22,7 +22,7 @@ import pytest
 from criogenai import Retry, ToolCall, ToolResult
 from criogenai._keys import task_id
 from criogenai._tracing import SPANS_FILE_ENV
-from tests.conftest import PYTHONPATH, ROOT, fleet_url, make_dispatcher
+from tests.conftest import PYTHONPATH, ROOT, fleet_url, make_dispatcher, wait_for
 
 try:
     import opentelemetry.instrumentation.celery  # noqa: F401  (the worker needs it)
@@ -250,7 +250,14 @@ def test_an_agent_run_is_one_trace_in_the_genai_conventions(
     assert "error.type" not in by_call["ok1"]["attributes"]
     assert "s3cret" not in json.dumps(tool_spans)
     turn_ids = {hex_id(t.context.span_id, 16) for t in turns}
-    everything = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    # A task's span ends (and is written) just after the execute_tool span it holds: wait for them.
+    parents = {s["parent_id"] for s in tool_spans}
+
+    def written() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in spans_file.read_text().splitlines()]
+
+    wait_for(lambda: parents <= {p["context"]["span_id"] for p in written()}, what="the task spans")
+    everything = written()
     for s in tool_spans:
         [parent] = [p for p in everything if p["context"]["span_id"] == s["parent_id"]]
         assert parent["name"] == TASK_SPAN and parent["parent_id"] in turn_ids

@@ -61,8 +61,26 @@ def stop_if_refused(exc: BaseException) -> bool:
     return True
 
 
+class _QoS(_transport.QoS):
+    """Acknowledgements that stop the worker, in one line, when Redis refuses its credentials
+    (a password rotated under a running worker) instead of failing with a traceback per call."""
+
+    def ack(self, delivery_tag: str) -> None:
+        try:
+            super().ack(delivery_tag)
+        except Exception as exc:
+            if not stop_if_refused(exc):
+                raise
+
+
+class _Channel(_transport.Channel):
+    QoS = _QoS
+
+
 class Transport(_transport.Transport):
     """criogenai's Redis transport, whose connections are not retried when Redis refuses them."""
+
+    Channel = _Channel
 
     def establish_connection(self) -> Any:
         try:
