@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import redis
 from kombu import Connection
 
 from criogenai import Dispatcher, Limits, Retry, Settings, ToolCall
-from criogenai._keys import task_id
+from criogenai._keys import Keys, task_id
 from criogenai._message import send_call
 from criogenai._wire import ToolTask
 from criogenai.worker import create_app
@@ -61,24 +62,33 @@ def _consume(channel: Any, queue: str) -> list[tuple[Any, Any]]:
 
 
 
+def holder_pid(run_id: str, call_id: str) -> int | None:
+    """The process running a call now, from its claim (``run:<host>:<pid>:<nonce>``)."""
+    held = redis.Redis.from_url(fleet_url()).get(Keys("crg").claim(run_id, call_id))
+    if held is None or not held.startswith(b"run:"):
+        return None
+    return int(held.split(b":")[2])
+
+
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_call_whose_worker_is_killed_runs_again_on_another_worker(worker_factory, pool: str) -> None:
-    # Given a call running on worker A, and a second worker B alive
-    k = key()
-    a = worker_factory(pool=pool, concurrency=2)
+    # Given two live workers, and a call running on one of them
+    k, run_id = key(), key()
+    workers = [worker_factory(pool=pool, concurrency=2) for _ in range(2)]
     d = make_dispatcher()
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(d.run_turn_sync, [ToolCall(id="slow", name="sleep_for",
-                                                   arguments={"seconds": 3, "key": k})])
-        wait_for(lambda: fleet_tools.runs(k) == 1, what="the call to start on A")
-        worker_factory(pool=pool, concurrency=2)
-        # When A dies whole (main process and pool children) with SIGKILL
+                                                   arguments={"seconds": 3, "key": k})], run_id=run_id)
+        wait_for(lambda: holder_pid(run_id, "slow") is not None, what="the call to start")
+        pid = holder_pid(run_id, "slow")
+        [a] = [w for w in workers if pid is not None and os.getpgid(pid) == w.proc.pid]
+        # When its worker dies whole (main process and pool children) with SIGKILL
         killed_at = time.monotonic()
         a.kill(signal.SIGKILL)
         [r] = fut.result(timeout=30)
     elapsed = time.monotonic() - killed_at
     d.close()
-    # Then B runs the call again within the lease bound, and the turn completes
+    # Then the other runs the call again within the lease bound, and the turn completes
     assert r.status == "ok", r
     assert fleet_tools.runs(k) == 2
     assert r.attempts == 2

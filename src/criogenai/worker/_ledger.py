@@ -25,6 +25,7 @@ embedded engine (one process).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from redis.exceptions import NoScriptError
 from .._keys import Keys, task_id
 from .._outcomes import FAILED_STATUSES
 from .._wire import ToolResult
-from ._loop import pause
+from ._loop import can_wait, pause, wait
 
 log = logging.getLogger(__name__)
 
@@ -367,32 +368,107 @@ class _Connections:
         return self._pool.make_connection()
 
 
+_Script = tuple[Script, list[str], list[str | int | float], "asyncio.Future[object]"]
+"""A script to run for a waiting call: the script, its keys and arguments, where its reply goes."""
+
+
+class _Batched:
+    """Claims and filings of calls that wait on an event loop (``_loop``), sent together on a
+    thread of their own: what comes in while one batch is on the wire goes out in the next, in one
+    round trip. Sent one by one from the loop's thread, each would hold the loop for its round
+    trip, and a thousand calls would queue behind each other's."""
+
+    def __init__(self, connections: _Connections) -> None:
+        self._connections = connections
+        self._pending: list[_Script] = []
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
+        """The script's reply (an error reply raised), for a call's greenlet: it waits without
+        holding the loop."""
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        with self._ready:
+            if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
+                self._pid, self._pending = os.getpid(), []
+                self._thread = threading.Thread(target=self._serve, name="criogenai-ledger", daemon=True)
+                self._thread.start()
+            self._pending.append((script, keys, args, future))
+            self._ready.notify()
+        return wait(future)
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: bool(self._pending))
+                batch, self._pending = self._pending, []
+            self._send(batch)
+
+    def _send(self, batch: list[_Script]) -> None:
+        answered = 0
+        try:
+            with self._connections.lend() as conn:
+                commands = [("EVALSHA", s.sha, len(keys), *keys, *args) for s, keys, args, _ in batch]
+                conn.send_packed_command(conn.pack_commands(commands))
+                for *_, future in batch:
+                    try:
+                        reply: object = conn.read_response()
+                    except redis.ResponseError as exc:  # an error reply (NOSCRIPT, ...): this call's own
+                        reply = exc
+                    _settle(future, reply)
+                    answered += 1
+        except BaseException as exc:  # the connection broke: the calls not answered see why
+            for *_, future in batch[answered:]:
+                _settle(future, exc)
+
+
+def _settle(future: asyncio.Future[object], reply: object) -> None:
+    """Hand a reply (or an error) to the greenlet waiting on ``future``, on its loop."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if isinstance(reply, BaseException):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
+    future.get_loop().call_soon_threadsafe(settle)
+
+
 class _HotScripts:
-    """Runs the per-call scripts (claim, finish) on lent ``_Connections``; a lost connection is
-    made again and the script sent again, as the client's own retries would."""
+    """Runs the per-call scripts (claim, finish): batched for calls waiting on an event loop
+    (``_Batched``), else one round trip on a lent connection; a lost connection is made again and
+    the script sent again, as the client's own retries would."""
 
     _RETRY_DELAYS = (0.05, 0.25, 1.0, None)
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._connections = _Connections(client, HOT_CONNECTIONS)
+        self._batched = _Batched(self._connections)
 
     def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
         for delay in self._RETRY_DELAYS:
             try:
-                with self._connections.lend() as conn:
-                    try:
-                        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                        return cast(object, conn.read_response())
-                    except NoScriptError:  # the server restarted or was flushed: load it again
-                        script.sha = self._client.script_load(script.script)
-                        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                        return cast(object, conn.read_response())
+                try:
+                    return self._once(script, keys, args)
+                except NoScriptError:  # the server restarted or was flushed: load it again
+                    script.sha = self._client.script_load(script.script)
+                    return self._once(script, keys, args)
             except UNREACHABLE:
                 if delay is None:
                     raise
                 pause(delay)
         raise AssertionError("unreachable")
+
+    def _once(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
+        if can_wait():
+            return self._batched.run(script, keys, args)
+        with self._connections.lend() as conn:
+            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return cast(object, conn.read_response())
 
 
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
