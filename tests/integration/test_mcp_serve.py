@@ -8,6 +8,7 @@ bearer token; the official ``mcp`` client and the MCP Inspector's CLI (npm) list
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,14 +101,20 @@ def _status(url: str, token: str | None) -> int | None:
         return None
 
 
-def _http_client(serve: HttpServe, token: str | None) -> Client:
+@contextlib.asynccontextmanager
+async def _http_client(serve: HttpServe, token: str | None) -> AsyncIterator[Client]:
+    """The official client over streamable HTTP; the SDK leaves closing an HTTP client it was
+    given to its owner."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None))
-    return Client(streamable_http_client(serve.url, http_client=http))
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None)) as http,
+        Client(streamable_http_client(serve.url, http_client=http)) as client,
+    ):
+        yield client
 
 
-async def _list_and_call(client: Client) -> dict[str, Any]:
-    async with client:
+async def _list_and_call(connect: contextlib.AbstractAsyncContextManager[Client]) -> dict[str, Any]:
+    async with connect as client:
         listed = await client.list_tools()
         ok = await client.call_tool("get_lab_result", {"test_id": "LAB-12345"})
         bad = await client.call_tool("get_lab_result", {"test_id": "12345", "colour": "red"})
