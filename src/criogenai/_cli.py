@@ -14,6 +14,7 @@ from kombu.utils.url import maybe_sanitize_url
 from ._cli_approvals import add_approvals_parser
 from ._cli_cancel import add_cancel_parser
 from ._cli_fleet import add_fleet_parsers, catalog_registry
+from ._cli_mcp import add_mcp_parser
 from ._config import Settings
 from ._errors import ConfigurationError
 
@@ -182,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_approvals_parser(sub)
     add_fleet_parsers(sub)
     add_cancel_parser(sub)
+    add_mcp_parser(sub)
     args, rest = parser.parse_known_args(argv)
     if rest and args.func is not _worker:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
