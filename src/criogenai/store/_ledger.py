@@ -43,9 +43,8 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from .._keys import Keys, task_id
-from .._outcomes import FAILED_STATUSES
-from .._wire import ToolResult
-from ._loop import pause
+from .._loop import pause
+from .._wire import FAILED_STATUSES, ToolResult
 
 log = logging.getLogger(__name__)
 
