@@ -2,7 +2,7 @@
 in order as room frees.
 
 A turn keeps at most ``max_calls_in_flight_per_turn`` calls published or waiting at a gate; the
-rest follow in call order as results come in. A call with gates (``_limiter``) is published once
+rest follow in call order as results come in. A call with gates (``store._limits``) is published once
 it holds a place in each. Waiting is bounded: a call that did not get in before its deadline (the
 same ``queue_wait_secs`` that bounds its wait in the queue) ends ``not_started`` and never runs.
 One daemon thread does the Redis work; it wakes when a result frees room, and looks again every

@@ -1,6 +1,6 @@
 """The one Celery task: decode the call, claim it, execute it, retry or file the result.
 
-Outcomes live in ``_executor``; the claim and the filing in ``_ledger``. This module only joins
+Outcomes live in ``runner``; the claim and the filing in ``store._ledger``. This module only joins
 them to Celery: its retry machinery, its soft limit and its worker-lost and hard-timeout reports.
 """
 
