@@ -24,6 +24,7 @@ demo: $(BIN)/criogenai
 test: setup
 	$(BIN)/ruff check src tests examples bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports  # the layer contracts in pyproject.toml [tool.importlinter]
 	$(BIN)/pytest -q -n 3 --dist loadfile
 
 bench: setup

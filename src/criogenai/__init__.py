@@ -6,7 +6,6 @@ turn of tool calls from the agent process with ``Dispatcher.run_turn``.
 
 from typing import TYPE_CHECKING, Any
 
-from ._catalog import Catalog, CatalogEntry
 from ._config import Limits, Retry, Settings
 from ._errors import (
     CallFailed,
@@ -58,6 +57,7 @@ from .dispatcher import (
 )
 from .documents import Collection, Document, InvalidQuery, Passage, SQLiteStore
 from .memory import EmbeddingError, LocalMemoryStore, Memory, OpenAIEmbeddings, RedisMemoryStore
+from .store import Catalog, CatalogEntry
 from .tools import (
     InvalidArguments,
     MCPServer,

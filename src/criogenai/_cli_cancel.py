@@ -10,7 +10,7 @@ from ._errors import ConfigurationError
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from .worker._app import make_ledger
+    from .store import make_ledger
 
     settings = Settings.from_env()
     if not settings.redis_url:

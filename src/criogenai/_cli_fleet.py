@@ -15,15 +15,16 @@ if TYPE_CHECKING:
 
 def catalog_registry(names: list[str], wait_secs: float) -> ToolRegistry:
     """The named tools from the catalog, waiting up to ``wait_secs`` for workers to publish them."""
-    from ._catalog import Catalog
+    from .store import Catalog
+    from .tools._registry import catalog_registry as from_catalog
 
     catalog = Catalog.from_settings(Settings.from_env())
     catalog.wait_for(names, wait_secs)
-    return catalog.registry(names)
+    return from_catalog(catalog, names)
 
 
 def _tools(args: argparse.Namespace) -> int:
-    from ._catalog import Catalog, describe_conflict, versions
+    from .store import Catalog, describe_conflict, versions
 
     catalog = Catalog.from_settings(Settings.from_env())
     entries = catalog.read(args.names or None)

@@ -30,8 +30,8 @@ def _serve(args: argparse.Namespace) -> int:
         token = check_token(args.host, args.token or os.environ.get(TOKEN_ENV))
     logging.basicConfig(level=args.loglevel.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ._catalog import Catalog
     from .dispatcher import Dispatcher
+    from .store import Catalog
 
     before, after = _hooks(args.hooks)
     catalog = Catalog.from_settings(settings)

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ._errors import ConfigurationError
-from ._wire import DEFAULT_MAX_STORED_CHARS
-from .tools._content import DEFAULT_MAX_RESULT_CHARS
+from ._wire import DEFAULT_MAX_RESULT_CHARS, DEFAULT_MAX_STORED_CHARS
 
 DEFAULT_TOOL_TIMEOUT_SECS = 60.0
 DEFAULT_RETENTION_SECS = 7 * 24 * 3600

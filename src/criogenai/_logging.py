@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery, signals
 
 from ._keys import TASK_NAME
-from ._outcomes import call_report
+from .runner._outcomes import call_report
 
 FIELDS = ("run_id", "call_id", "tool", "attempt", "status", "duration_secs", "task_id", "worker")
 """Record attributes copied into the JSON object when present."""

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._catalog import Catalog, describe_conflict, tool_from_entry, versions
 from ._errors import ConfigurationError
+from .store import Catalog, describe_conflict, versions
 from .tools import ToolRegistry
+from .tools._registry import tool_from_entry
 
 if TYPE_CHECKING:
     import mcp_types

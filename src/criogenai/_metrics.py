@@ -23,7 +23,7 @@ from celery import Celery, signals
 
 from ._errors import ConfigurationError
 from ._keys import TASK_NAME
-from ._outcomes import call_report
+from .runner._outcomes import call_report
 
 SENT_AT_HEADER = "crg_sent_at"
 """Message header: Unix time from which the call could start (publish time, or a retry's ETA)."""

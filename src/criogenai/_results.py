@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._config import Settings
 from ._errors import ConfigurationError
 from ._signing import authentic
-from .worker._ledger import Ledger
+from .store import Ledger
 
 
 def full_text(ledger: Ledger, run_id: str, call_id: str, *, secret: str | None = None) -> str:
@@ -35,7 +35,7 @@ def full_text(ledger: Ledger, run_id: str, call_id: str, *, secret: str | None =
 
 def fetch_full(run_id: str, call_id: str, *, settings: Settings | None = None) -> str:
     """``full_text`` from the fleet's Redis (``Settings.from_env()`` unless given)."""
-    from .worker._app import make_ledger
+    from .store import make_ledger
 
     settings = settings or Settings.from_env()
     if not settings.redis_url:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 WIRE_VERSION: Literal[1] = 1
 DEFAULT_MAX_STORED_CHARS = 1_000_000
+DEFAULT_MAX_RESULT_CHARS = 100_000
+"""What the model is shown of a result at most, by default (``Limits.max_result_chars``)."""
 
 ToolStatus = Literal[
     "ok",
@@ -46,6 +48,11 @@ ToolStatus = Literal[
 - ``cancelled``: the turn was cancelled (``Dispatcher.cancel``); ``attempts`` 0 means the tool never
   ran, otherwise it was told to stop while running and may have done part of its work.
 """
+
+FAILED_STATUSES: frozenset[str] = frozenset(
+    {"tool_error", "exception", "timeout", "lost", "invalid_arguments", "unknown_tool"}
+)
+"""Statuses whose task ends in Celery's FAILURE state (``CallFailed``): the call did not do its job."""
 
 OnToolException = Literal["return_to_model", "return_generic", "fail"]
 

@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from criogenai import Agent, Dispatcher, FakeModel, Settings, ToolFailed
-from criogenai._outcomes import GENERIC_FAILURE
 from criogenai.agent._runs import RedisRunStore
+from criogenai.runner._outcomes import GENERIC_FAILURE
 from criogenai.tools import Tool
 from tests import agent_tools, fleet_tools
 from tests.chat_server import anthropic_message, chat_server, completion, function_call, tool_use

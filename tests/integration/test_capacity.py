@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from criogenai import Limits, Settings, ToolCall, ToolResult
-from criogenai._outcomes import GENERIC_FAILURE
+from criogenai.runner._outcomes import GENERIC_FAILURE
 from tests import fleet_tools
 from tests.conftest import fleet_url, key, make_dispatcher
 

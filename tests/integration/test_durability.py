@@ -323,7 +323,7 @@ def test_filing_a_result_acknowledges_its_message_in_the_same_step(redis_up: Non
     """The message leaves kombu's unacknowledged set with the result, atomically: a worker dying
     between the two can neither lose the result nor get the finished call redelivered."""
     from criogenai import ToolResult
-    from criogenai.worker._ledger import UNACKED_INDEX_KEY, UNACKED_KEY, RedisLedger
+    from criogenai.store._ledger import UNACKED_INDEX_KEY, UNACKED_KEY, RedisLedger
 
     db = redis.Redis.from_url(fleet_url())
     db.flushdb()
@@ -467,7 +467,7 @@ def test_a_monitor_pass_sees_every_runs_finished_and_running_calls_at_once(
     redis_up: None, store: str
 ) -> None:
     from criogenai import ToolResult
-    from criogenai.worker._ledger import MemoryLedger, RedisLedger
+    from criogenai.store._ledger import MemoryLedger, RedisLedger
 
     ledger = RedisLedger(fleet_url()) if store == "redis" else MemoryLedger()
     a, b = f"run-a-{key()}", f"run-b-{key()}"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from criogenai import Limits, ToolCall
 from criogenai._keys import task_id
-from criogenai.worker._ledger import UNACKED_INDEX_KEY, UNACKED_KEY
+from criogenai.store._ledger import UNACKED_INDEX_KEY, UNACKED_KEY
 from tests import fleet_tools
 from tests.conftest import OwnRedis, fleet_url, key, make_dispatcher, start_worker, wait_for
 from tests.integration.test_security import body_of, envelope, task, with_body

@@ -30,9 +30,9 @@ import redis
 from criogenai import Dispatcher, Limits, Retry, Settings, ToolCall, ToolRegistry, ToolResult
 from criogenai._keys import Keys, task_id
 from criogenai._message import send_call
-from criogenai._outcomes import GENERIC_FAILURE
 from criogenai._signing import sign
 from criogenai._wire import ToolTask
+from criogenai.runner._outcomes import GENERIC_FAILURE
 from criogenai.worker import create_app
 from tests import fleet_tools, security_tools
 from tests.conftest import PYTHONPATH, ROOT, OwnRedis, WorkerProcess, fleet_url, key, start_worker, wait_for

@@ -9,9 +9,8 @@ from collections.abc import Sequence
 
 from criogenai import ToolCall
 from criogenai._wire import ToolTask
-from criogenai.dispatcher._admission import Admission
-from criogenai.dispatcher._engine import Send
-from criogenai.dispatcher._limiter import Gate, MemoryLimiter
+from criogenai.dispatcher._admission import Admission, Send
+from criogenai.store._limits import Gate, MemoryLimiter
 
 
 def send(call_id: str, gates: tuple[Gate, ...] = ()) -> Send:

@@ -21,8 +21,8 @@ from criogenai import (
     ToolError,
     tool,
 )
-from criogenai._outcomes import GENERIC_FAILURE
 from criogenai.agent import AssistantMessage, ModelRequest, OpenAIModel, ToolMessage, UserMessage
+from criogenai.runner._outcomes import GENERIC_FAILURE
 from tests.chat_server import chat_server, completion, function_call
 
 EMBEDDED = Settings()

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from criogenai import ToolContext, ToolError, tool
-from criogenai._outcomes import GENERIC_FAILURE, Outcome
+from criogenai.runner._executor import execute
+from criogenai.runner._outcomes import GENERIC_FAILURE, Outcome
 from criogenai.tools import DEFAULT_MAX_RESULT_CHARS, cut, to_json_text
-from criogenai.worker._executor import execute
 
 CTX = ToolContext(call_id="call-1", run_id="run-1", tool_name="t")
 

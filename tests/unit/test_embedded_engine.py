@@ -13,10 +13,10 @@ import pytest
 from criogenai import Dispatcher, Retry, Settings, ToolCall, ToolContext, ToolError, ToolFailed, tool
 from criogenai._signing import sign
 from criogenai._wire import ToolTask
-from criogenai.dispatcher._engine import Send
+from criogenai.dispatcher._admission import Send
 from criogenai.dispatcher._inprocess import InProcessEngine
+from criogenai.store._ledger import MemoryLedger
 from criogenai.tools import ToolRegistry
-from criogenai.worker._ledger import MemoryLedger
 from tests.conftest import key
 
 RUNS: Counter[str] = Counter()

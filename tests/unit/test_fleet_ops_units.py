@@ -10,9 +10,10 @@ import pytest
 from examples import clinic
 
 from criogenai import CatalogEntry, Tool, ToolContext
-from criogenai._catalog import describe_conflict, tool_from_entry, versions
 from criogenai._logging import JsonFormatter
+from criogenai.store import describe_conflict, versions
 from criogenai.tools import InvalidArguments, ValidArguments
+from criogenai.tools._registry import tool_from_entry
 
 CLINIC = [v for v in vars(clinic).values() if isinstance(v, Tool)]
 
@@ -123,7 +124,7 @@ def test_a_traceback_stays_inside_its_json_line() -> None:
 
 
 def test_redis_older_than_7_is_refused_by_version_and_newer_servers_pass() -> None:
-    from criogenai.worker._app import redis_version_ok
+    from criogenai.store import redis_version_ok
 
     assert not redis_version_ok("6.2.14")
     assert not redis_version_ok("5.0.7")
@@ -138,7 +139,7 @@ def test_a_task_returns_json_when_celery_keeps_its_result_and_a_small_report_oth
     from celery import Celery
 
     from criogenai import ToolResult
-    from criogenai._outcomes import CallReport, call_report
+    from criogenai.runner._outcomes import CallReport, call_report
     from criogenai.worker._task import _for_celery
 
     app = Celery("t", set_as_current=False)

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from criogenai import ConfigurationError, Settings, ToolCall
-from criogenai._catalog import CatalogEntry, signing_mismatch
 from criogenai._signing import (
     RESULT_SCHEME,
     SCHEME,
@@ -24,6 +23,7 @@ from criogenai._signing import (
     sign_result,
 )
 from criogenai._wire import ToolResult, ToolTask
+from criogenai.store import CatalogEntry, signing_mismatch
 
 SECRET = "a-shared-secret-of-some-length"
 

@@ -7,8 +7,8 @@ import time
 
 from criogenai import ToolContext, tool
 from criogenai._config import backoff_secs
+from criogenai.runner._executor import execute
 from criogenai.tools import DEFAULT_MAX_RESULT_CHARS
-from criogenai.worker._executor import execute
 
 CTX = ToolContext(call_id="call-1", run_id="run-1", tool_name="t")
 

@@ -19,12 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._config import Limits, Retry, Settings
 from .._errors import ConfigurationError, ToolError, ToolFailed
-from .._outcomes import invalid_arguments
 from .._tracing import genai_span
 from .._wire import OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
 from ..dispatcher._dispatcher import check_scope
 from ..memory import Memory
+from ..runner._outcomes import invalid_arguments
 from ..tools import DEFAULT_QUEUE, MCPServer, Tool, ToolContext, ToolRegistry, tool
 from ._anthropic import AnthropicModel
 from ._model import (

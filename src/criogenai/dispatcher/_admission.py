@@ -2,7 +2,7 @@
 in order as room frees.
 
 A turn keeps at most ``max_calls_in_flight_per_turn`` calls published or waiting at a gate; the
-rest follow in call order as results come in. A call with gates (``_limiter``) is published once
+rest follow in call order as results come in. A call with gates (``store._limits``) is published once
 it holds a place in each. Waiting is bounded: a call that did not get in before its deadline (the
 same ``queue_wait_secs`` that bounds its wait in the queue) ends ``not_started`` and never runs.
 One daemon thread does the Redis work; it wakes when a result frees room, and looks again every
@@ -17,18 +17,28 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from .._keys import task_id
-from ._limiter import Gate, Limiter
-
-if TYPE_CHECKING:
-    from ._engine import Send
+from .._wire import ToolTask
+from ..store import Gate, Limiter
 
 log = logging.getLogger(__name__)
 
 POLL_SECS = 0.1
 """How often calls waiting at a gate ask again when nothing local wakes them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One call to publish, with the queue of its tool."""
+
+    payload: ToolTask
+    queue: str
+    resend_safe: bool
+    """The tool is read-only or idempotent: sending the call again cannot do harm."""
+    gates: tuple[Gate, ...] = ()
+    """Fleet-wide concurrency and rate limits the call must get a place in before it is published."""
 
 
 T = TypeVar("T")
@@ -45,9 +55,9 @@ class _TurnRoom(Generic[T]):
     in_flight: set[str] = field(default_factory=set)
 
 
-Launch = Callable[[str, T, list["Send"]], None]
+Launch = Callable[[str, T, list[Send]], None]
 """Publish calls that were let in (the engine's)."""
-Refuse = Callable[[str, T, "Send", str], None]
+Refuse = Callable[[str, T, Send, str], None]
 """End a call that was never published: (run, turn, call, why)."""
 
 

@@ -7,9 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-import redis
+from typing import TYPE_CHECKING, Any
 
 from .._config import Limits, Retry, Settings, parse_rate
 from .._errors import ConfigurationError, RemoteToolException, ToolFailed
@@ -17,17 +15,18 @@ from .._message import hard_limit_secs
 from .._signing import sign
 from .._tracing import note_turn, traced_turn
 from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
+from ..store import Gate as LimitGate
+from ..store import Ledger, make_ledger
 from ..tools import MCPServer, Tool, ToolRegistry
-from ..worker._app import check_server, create_app, make_ledger
-from ..worker._ledger import Ledger
+from ._admission import Send
 from ._approvals import Approvals
-from ._engine import Engine, Send
 from ._gate import Gate, run_sync
 from ._hooks import AfterHook, BeforeHook
 from ._inprocess import InProcessEngine
-from ._limiter import Gate as LimitGate
-from ._publish import RedisPublisher
 from ._validate import ValidCall, check_turn, coerce_calls
+
+if TYPE_CHECKING:
+    from ._engine import Engine
 
 CallLike = ToolCall | Mapping[str, Any]
 
@@ -40,15 +39,6 @@ def check_scope(scope: str | None) -> str | None:
             or "}" in scope:
         raise ConfigurationError(f"scope {scope!r}: use 1 to 200 printable characters, without braces")
     return scope
-
-
-def _redis_publisher(app: Any, settings: Settings) -> RedisPublisher | None:
-    """The one-round-trip publisher when the broker is Redis; otherwise kombu's producer is used."""
-    url = settings.broker_url or ""
-    if not url.startswith(("redis://", "rediss://")):
-        return None
-    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10)
-    return RedisPublisher(app, client)
 
 
 class Dispatcher:
@@ -120,17 +110,10 @@ class Dispatcher:
                         signing_secret=self.settings.signing_secret,
                     )
                 else:
-                    check_server(ledger, login=False)  # refused logins end calls with the reason
-                    app = create_app(self.settings)
-                    publisher = _redis_publisher(app, self.settings)
-                    self._engine = Engine(
-                        app,
-                        ledger,
-                        self.limits,
-                        prefix=self.settings.key_prefix,
-                        publisher=publisher,
-                        signing_secret=self.settings.signing_secret,
-                    )
+                    # the fleet engine (Celery, kombu) is imported only with a broker configured
+                    from ._engine import fleet_engine
+
+                    self._engine = fleet_engine(self.settings, ledger, self.limits)
             return self._engine
 
     def close(self) -> None:

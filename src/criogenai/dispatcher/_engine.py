@@ -29,17 +29,27 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._catalog import Catalog, signing_mismatch
-from .._config import Limits
+import redis
+
+from .._celery import celery_app
+from .._config import Limits, Settings
 from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs, send_call
-from .._outcomes import cancelled_before_start, not_admitted
 from .._refusals import ErrorBurst
 from .._signing import authentic, key_id
 from .._wire import ToolResult, ToolStatus, ToolTask
-from ..worker._ledger import Ledger, RedisLedger
-from ._admission import Admission
-from ._limiter import Gate, Limiter, MemoryLimiter, RedisLimiter
+from ..runner._outcomes import cancelled_before_start, not_admitted
+from ..store import (
+    Catalog,
+    Ledger,
+    Limiter,
+    MemoryLimiter,
+    RedisLedger,
+    RedisLimiter,
+    check_server,
+    signing_mismatch,
+)
+from ._admission import Admission, Send
 from ._publish import RedisPublisher
 
 log = logging.getLogger(__name__)
@@ -48,18 +58,6 @@ CHECK_AFTER_SECS = 1.0
 """A call is first looked at by the monitor this long after it was published, then as often."""
 SIGNERS_SECS = 5.0
 """How long what the catalog says of a tool's workers' signing secret is taken as still true."""
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """One call to publish, with the queue of its tool."""
-
-    payload: ToolTask
-    queue: str
-    resend_safe: bool
-    """The tool is read-only or idempotent: sending the call again cannot do harm."""
-    gates: tuple[Gate, ...] = ()
-    """Fleet-wide concurrency and rate limits the call must get a place in before it is published."""
 
 
 _Found = tuple[str, str, ToolResult]
@@ -581,3 +579,26 @@ class Engine:
                 f"Tool {p.send.payload.call.name!r} did not report back: its dispatcher was closed "
                 "while the call was in flight. It may still run.",
             )
+
+
+def _redis_publisher(app: Any, settings: Settings) -> RedisPublisher | None:
+    """The one-round-trip publisher when the broker is Redis; otherwise kombu's producer is used."""
+    url = settings.broker_url or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10)
+    return RedisPublisher(app, client)
+
+
+def fleet_engine(settings: Settings, ledger: Ledger, limits: Limits) -> Engine:
+    """The engine of a dispatcher with a broker: a Celery app to publish with, on ``ledger``."""
+    check_server(ledger, login=False)  # refused logins end calls with the reason
+    app = celery_app(settings)
+    return Engine(
+        app,
+        ledger,
+        limits,
+        prefix=settings.key_prefix,
+        publisher=_redis_publisher(app, settings),
+        signing_secret=settings.signing_secret,
+    )

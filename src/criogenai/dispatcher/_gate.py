@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from .._config import Settings
 from .._errors import ConfigurationError
-from .._outcomes import invalid_arguments
 from .._wire import ToolCall, ToolResult
+from ..runner._outcomes import invalid_arguments
+from ..store import Ledger
 from ..tools import DEFAULT_MAX_RESULT_CHARS, InvalidArguments, ToolRegistry
-from ..worker._ledger import Ledger
 from ._approvals import Approvals, ApprovalStore, PendingApproval, approval_store, request_approval
 from ._hooks import AfterHook, BeforeHook, HookCall, ResultCache, is_async_hook, run_after, run_before
 from ._validate import ValidCall, refused

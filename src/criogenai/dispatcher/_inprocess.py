@@ -27,24 +27,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._config import Limits
+from .._loop import GreenletRunner
 from .._message import hard_limit_secs
-from .._outcomes import Outcome, cancelled_before_start, not_admitted
 from .._signing import refusal
 from .._wire import ToolResult, ToolStatus, ToolTask
+from ..runner._executor import CallStop, execute
+from ..runner._outcomes import (
+    Outcome,
+    cancelled_before_start,
+    filed_result,
+    not_admitted,
+    refused_result,
+    retry_delay,
+    too_many_runs,
+    unknown_tool_result,
+)
+from ..store import Ledger, MemoryLimiter
 from ..tools import ToolContext, ToolRegistry
-from ..worker._executor import CallStop, execute
-from ..worker._ledger import Ledger
-from ..worker._loop import GreenletRunner
-from ..worker._task import filed_result, refused_result, retry_delay, too_many_runs, unknown_tool_result
-from ._admission import Admission
-from ._engine import Send
-from ._limiter import MemoryLimiter
+from ._admission import Admission, Send
 
 log = logging.getLogger(__name__)
 
 SLOTS = 1024
 """Calls running at once in one engine; more wait their turn, within ``queue_wait_secs``. A
-running call costs a greenlet on the process loop (``worker._loop``), plus a thread while a sync
+running call costs a greenlet on the process loop (``_loop``), plus a thread while a sync
 tool runs."""
 WATCH_SECS = 1.0
 """How often the watch thread looks for calls past their bound (and renews claims)."""

@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._config import Limits
-from .._outcomes import invalid_arguments, unknown_tool
 from .._wire import ToolCall, ToolResult, ToolStatus
+from ..runner._outcomes import invalid_arguments, unknown_tool
 from ..tools import InvalidArguments, Tool, ToolRegistry, cut
 
 

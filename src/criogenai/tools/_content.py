@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-DEFAULT_MAX_RESULT_CHARS = 100_000
+from .._wire import DEFAULT_MAX_RESULT_CHARS as DEFAULT_MAX_RESULT_CHARS
 
 
 @dataclass(frozen=True, slots=True)

@@ -321,7 +321,7 @@ def _errlog() -> TextIO:
 
 def _on_loop(coro: Coroutine[Any, Any, T], timeout: float, what: str) -> T:
     """Run ``coro`` on the process loop from sync code, within ``timeout``."""
-    from ..worker._loop import ProcessLoop
+    from .._loop import ProcessLoop
 
     loop = ProcessLoop.get()
     try:

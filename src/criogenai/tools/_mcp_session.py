@@ -1,7 +1,7 @@
 """One live MCP session per server per process, held on the process's event loop.
 
 The official SDK's ``Client`` is an async context manager whose task groups must be entered and
-left by one task, so each session has an owner task on the process loop (``worker._loop``) that
+left by one task, so each session has an owner task on the process loop (``_loop``) that
 enters it and waits to be told to close; calls, from any task on that loop, use it meanwhile. A
 session that breaks (the server died, closed its end, or stopped answering pings after a call
 ran out of time) is closed and forgotten: the next call starts a new one.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import ConfigurationError
+from ..store import Catalog, CatalogEntry, describe_conflict, versions
 from ._mcp import MCPServer
-from ._tool import Tool
+from ._tool import Tool, tool_from_schema
 
 if TYPE_CHECKING:
     from .._config import Settings
@@ -63,11 +64,9 @@ class ToolRegistry:
         Each validates calls against the schema its live workers publish. ConfigurationError when
         a name has no live worker, or when live workers serve it with different schemas.
         """
-        from .._catalog import Catalog
-
         catalog = Catalog.from_settings(settings)
         try:
-            return catalog.registry(names)
+            return catalog_registry(catalog, names)
         finally:
             catalog.client.close()
 
@@ -87,3 +86,45 @@ class ToolRegistry:
             for t in found:
                 registry.add(t)
         return registry
+
+
+def catalog_registry(catalog: Catalog, names: Sequence[str]) -> ToolRegistry:
+    """Tools built from the live workers' records, for a dispatcher with no tool code.
+
+    Raises ConfigurationError when a name has no live worker, or when its live workers serve
+    it with different definitions (the message names the workers and the schema hashes).
+    """
+    wanted = list(dict.fromkeys(names))
+    entries = catalog.read(wanted)
+    missing = [n for n in wanted if n not in entries]
+    if missing:
+        raise ConfigurationError(
+            f"no live worker serves {', '.join(map(repr, missing))} "
+            f"(the catalog has: {', '.join(sorted(catalog.read())) or 'nothing'})"
+        )
+    problems = [describe_conflict(n, entries[n]) for n in wanted if len(versions(entries[n])) > 1]
+    if problems:
+        raise ConfigurationError("; ".join(problems) + ". Finish rolling the fleet out to one version.")
+    return ToolRegistry(tool_from_entry(entries[name][0]) for name in wanted)
+
+
+def tool_from_entry(e: CatalogEntry) -> Tool[..., Any]:
+    """A tool that validates like the worker's (same schema, flags and queue) but runs nowhere here."""
+    return tool_from_schema(
+        name=e.name,
+        description=e.description,
+        parameters=e.parameters,
+        fn=_remote_only(e.name),
+        read_only=e.read_only,
+        idempotent=e.idempotent,
+        destructive=e.destructive,
+        timeout_secs=e.timeout_secs,
+        queue=e.queue,
+    )
+
+
+def _remote_only(name: str) -> Any:
+    def run_on_the_fleet(**_: Any) -> NoReturn:
+        raise RuntimeError(f"tool {name!r} runs on the workers; this process has only its schema")
+
+    return run_on_the_fleet

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._app import create_app, make_ledger
+from ..store import make_ledger
+from ._app import create_app
 
 __all__ = ["app", "create_app", "make_ledger"]
 

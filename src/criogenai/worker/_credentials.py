@@ -92,8 +92,6 @@ class Transport(_transport.Transport):
             raise CredentialsRefused(why) from None
 
 
-TRANSPORT = f"{__name__}:Transport"
-
 
 class Consumer(_CeleryConsumer):  # type: ignore[misc]
     """Celery's consumer, ending the worker when its connection is refused (``worker_consumer``)."""
@@ -105,5 +103,3 @@ class Consumer(_CeleryConsumer):  # type: ignore[misc]
             stop_worker(str(exc))
             raise WorkerShutdown(EXIT_REFUSED) from None
 
-
-CONSUMER = f"{__name__}:Consumer"

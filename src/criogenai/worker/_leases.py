@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 
 from .._refusals import ErrorBurst
+from ..store import Ledger
 from ._credentials import stop_if_refused
-from ._ledger import Ledger
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from celery.concurrency.base import BasePool, apply_target
 
-from ._loop import GreenletRunner
+from .._loop import GreenletRunner
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The one Celery task: decode the call, claim it, execute it, retry or file the result.
 
-Outcomes live in ``_executor``; the claim and the filing in ``_ledger``. This module only joins
+Outcomes live in ``runner``; the claim and the filing in ``store._ledger``. This module only joins
 them to Celery: its retry machinery, its soft limit and its worker-lost and hard-timeout reports.
 """
 
@@ -21,29 +21,31 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 from celery.worker.request import Request
 from pydantic import ValidationError
 
-from .._config import backoff_secs
 from .._errors import CallFailed
-from .._keys import MAX_LOST_RUNS, TASK_NAME, task_id
+from .._keys import TASK_NAME, task_id
+from .._loop import pause
 from .._message import hard_limit_secs, send_call, shown_options
-from .._outcomes import (
-    FAILED_STATUSES,
-    CallReport,
-    Outcome,
-    cancelled_before_start,
-    shown_name,
-    timed_out,
-    unknown_tool,
-)
 from .._refusals import ErrorBurst
 from .._signing import authentic, refusal, sign_result
 from .._tracing import end_tool_span, tool_span
-from .._wire import ToolResult, ToolTask
+from .._wire import FAILED_STATUSES, ToolResult, ToolTask
+from ..runner import _executor
+from ..runner._outcomes import (
+    CallReport,
+    Outcome,
+    call_result,
+    cancelled_before_start,
+    filed_result,
+    refused_result,
+    retry_delay,
+    timed_out,
+    too_many_runs,
+    unknown_tool_result,
+)
+from ..store import UNREACHABLE, Claim, Ledger
 from ..tools import ToolContext, ToolRegistry
-from . import _executor
 from ._credentials import stop_if_refused
 from ._leases import BeatHook, Heartbeat, LeaseKeeper
-from ._ledger import UNREACHABLE, Claim, Ledger
-from ._loop import pause
 from ._transport import acked_with_result
 
 log = logging.getLogger(__name__)
@@ -52,67 +54,6 @@ _store_errors = ErrorBurst(log, "the ledger (Redis) did not answer a claim or a 
 FILE_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, None)
 """Waits between tries to file a finished call's result while Redis is away (about 15 s, plus the
 ledger's own quick retries each time); then the call is left to its lease and sent again."""
-
-
-def _result(payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
-    return ToolResult(
-        call_id=payload.call.id,
-        name=payload.call.name,
-        run_id=payload.run_id,
-        status=outcome.status,
-        content=outcome.content,
-        artifact=outcome.artifact,
-        attempts=attempts,
-        truncated=outcome.truncated,
-        duration_secs=round(outcome.duration_secs, 6),
-    )
-
-
-def unknown_tool_result(payload: ToolTask, registry: ToolRegistry) -> ToolResult:
-    """The result for a call of a tool this worker does not have (a forged name): nothing ran."""
-    names, limit = registry.names(), payload.max_result_chars
-    outcome = unknown_tool(payload.call.name, names, limit, where=" on this worker")
-    return _result(payload, outcome, 0)
-
-
-def refused_result(payload: ToolTask, why: str) -> ToolResult:
-    """The result for a call whose message was refused before anything ran (``_signing``)."""
-    call = payload.call
-    return ToolResult(
-        call_id=call.id,
-        name=call.name,
-        run_id=payload.run_id,
-        status="not_started",
-        content=f"Tool {shown_name(call.name)} was not run: the worker refused the call's message ({why}).",
-        artifact={"refused": why},
-    )
-
-
-def too_many_runs(payload: ToolTask, attempt: int) -> Outcome | None:
-    """The outcome of a call whose runs kept dying under it, once run ``attempt`` is one too many."""
-    if attempt <= payload.max_attempts + MAX_LOST_RUNS:
-        return None
-    return Outcome(
-        "lost",
-        f"Tool {payload.call.name!r} could not finish: its process died {attempt - 1} "
-        "times while running this call.",
-    )
-
-
-def retry_delay(payload: ToolTask, outcome: Outcome, attempt: int) -> float | None:
-    """The wait before running the call again after run ``attempt``, or None when it is final."""
-    if not (outcome.retryable and attempt < payload.max_attempts):
-        return None
-    return backoff_secs(
-        attempt, initial=payload.initial_backoff_secs, maximum=payload.max_backoff_secs, jitter=payload.jitter
-    )
-
-
-def filed_result(payload: ToolTask, outcome: Outcome, attempts: int) -> tuple[ToolResult, bool]:
-    """The result to file, and whether it finishes the call: an exception under ``fail`` does not
-    (it fails the turn, which may be run again)."""
-    fails_run = outcome.status == "exception" and payload.on_tool_exception == "fail"
-    return _result(payload, outcome, attempts), not fails_run
 
 
 _Returned = dict[str, Any] | CallReport
@@ -403,7 +344,7 @@ class WorkerRuntime:
         if isinstance(exc, TimeLimitExceeded):
             outcome = timed_out(payload.call.name, payload.timeout_secs, payload.timeout_secs, stopped=True)
             progress = self.ledger.progress(payload.run_id, [payload.call.id])[payload.call.id]
-            result = _result(payload, outcome, progress.starts)
+            result = call_result(payload, outcome, progress.starts)
             self._file(result, payload.run_id, None, payload.reply_to, done=True)
         elif tool is not None:
             # The run is over; run the call again (at least once), bounded by the claim's count.

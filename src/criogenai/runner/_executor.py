@@ -20,13 +20,13 @@ from typing import Any
 
 import greenlet
 
+from .. import _loop
 from .._errors import ToolError
 from .._message import hard_limit_secs
-from .._outcomes import Outcome, invalid_arguments, stopped_by_cancel, timed_out, unexpected
 from .._wire import DEFAULT_MAX_STORED_CHARS, OnToolException
 from ..tools import InvalidArguments, Tool, ToolContext, cut, to_json_text
 from ..tools._content import ToolOutput
-from . import _loop
+from ._outcomes import Outcome, invalid_arguments, stopped_by_cancel, timed_out, unexpected
 
 log = logging.getLogger(__name__)
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, Protocol
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ._config import Settings
-from ._errors import ConfigurationError
-from ._keys import Keys
-
-if TYPE_CHECKING:
-    from .tools import Tool, ToolRegistry
+from .._config import Settings
+from .._errors import ConfigurationError
+from .._keys import Keys
+from ._ledger import HEARTBEAT_TTL_SECS
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +31,29 @@ CATALOG_TTL_SECS = 3 * REFRESH_SECS
 """A record not rewritten for this long is stale, whatever its worker's heartbeat says."""
 PRUNE_AFTER_SECS = 10 * CATALOG_TTL_SECS
 """Records older than this are deleted by whoever reads them."""
+
+
+class Described(Protocol):
+    """What the catalog records of a tool (``tools.Tool`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def schema(self) -> dict[str, Any]: ...
+    @property
+    def read_only(self) -> bool: ...
+    @property
+    def idempotent(self) -> bool: ...
+    @property
+    def destructive(self) -> bool: ...
+    @property
+    def timeout_secs(self) -> float | None: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def schema_hash(self) -> str: ...
 
 
 class CatalogEntry(BaseModel):
@@ -62,7 +83,7 @@ class CatalogEntry(BaseModel):
     @classmethod
     def of(
         cls,
-        t: Tool[..., Any],
+        t: Described,
         worker: str,
         now: float,
         ttl_secs: float = CATALOG_TTL_SECS,
@@ -131,7 +152,7 @@ class Catalog:
     def publish(
         self,
         worker: str,
-        tools: Iterable[Tool[..., Any]],
+        tools: Iterable[Described],
         *,
         now: float | None = None,
         key_id: str | None = None,
@@ -199,8 +220,6 @@ class Catalog:
 
     def _beating(self, found: dict[str, list[CatalogEntry]], now: float) -> dict[str, list[CatalogEntry]]:
         """Keep the records whose worker still beats on the tool's queue."""
-        from .worker._ledger import HEARTBEAT_TTL_SECS  # the worker package imports this module
-
         pairs = sorted({(e.queue, e.worker) for es in found.values() for e in es})
         if not pairs:
             return found
@@ -224,44 +243,6 @@ class Catalog:
             if all(n in entries for n in names) or time.monotonic() >= deadline:
                 return entries
             time.sleep(0.2)
-
-    def registry(self, names: Sequence[str]) -> ToolRegistry:
-        """Tools built from the live workers' records, for a dispatcher with no tool code.
-
-        Raises ConfigurationError when a name has no live worker, or when its live workers serve
-        it with different definitions (the message names the workers and the schema hashes).
-        """
-        from .tools import ToolRegistry
-
-        wanted = list(dict.fromkeys(names))
-        entries = self.read(wanted)
-        missing = [n for n in wanted if n not in entries]
-        if missing:
-            raise ConfigurationError(
-                f"no live worker serves {', '.join(map(repr, missing))} "
-                f"(the catalog has: {', '.join(sorted(self.read())) or 'nothing'})"
-            )
-        problems = [describe_conflict(n, entries[n]) for n in wanted if len(versions(entries[n])) > 1]
-        if problems:
-            raise ConfigurationError("; ".join(problems) + ". Finish rolling the fleet out to one version.")
-        return ToolRegistry(tool_from_entry(entries[name][0]) for name in wanted)
-
-
-def tool_from_entry(e: CatalogEntry) -> Tool[..., Any]:
-    """A tool that validates like the worker's (same schema, flags and queue) but runs nowhere here."""
-    from .tools import tool_from_schema
-
-    return tool_from_schema(
-        name=e.name,
-        description=e.description,
-        parameters=e.parameters,
-        fn=_remote_only(e.name),
-        read_only=e.read_only,
-        idempotent=e.idempotent,
-        destructive=e.destructive,
-        timeout_secs=e.timeout_secs,
-        queue=e.queue,
-    )
 
 
 def versions(entries: Iterable[CatalogEntry]) -> dict[str, list[str]]:
@@ -292,20 +273,13 @@ def signing_mismatch(entries: Sequence[CatalogEntry], mine: str | None) -> str |
     return "its workers have another signing secret (or none)"
 
 
-def _remote_only(name: str) -> Any:
-    def run_on_the_fleet(**_: Any) -> NoReturn:
-        raise RuntimeError(f"tool {name!r} runs on the workers; this process has only its schema")
-
-    return run_on_the_fleet
-
-
 class CatalogPublisher:
     """Called by a worker's heartbeat: publishes the tools of the queues it serves, or withdraws them."""
 
     def __init__(
         self,
         catalog: Catalog,
-        registry: ToolRegistry,
+        registry: Iterable[Described],
         refresh_secs: float = REFRESH_SECS,
         *,
         key_id: str | None = None,

@@ -11,9 +11,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import CallFailed
-from ._wire import OnToolException, ToolStatus
-from .tools._content import cut
+from .._config import backoff_secs
+from .._errors import CallFailed
+from .._keys import MAX_LOST_RUNS
+from .._wire import OnToolException, ToolResult, ToolStatus, ToolTask
+from ..tools import ToolRegistry, cut
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +32,6 @@ class CallReport:
 
     def __repr__(self) -> str:
         return f"<call {self.status}>"
-
-
-FAILED_STATUSES: frozenset[str] = frozenset(
-    {"tool_error", "exception", "timeout", "lost", "invalid_arguments", "unknown_tool"}
-)
-"""Statuses whose task ends in Celery's FAILURE state (``CallFailed``): the call did not do its job."""
 
 
 def call_report(retval: Any) -> CallReport | None:
@@ -148,3 +144,67 @@ def unexpected(name: str, exc: BaseException, policy: OnToolException, duration:
     content = shown if policy == "return_to_model" else GENERIC_FAILURE
     log.info("tool %s raised %s", name, details["type"])
     return Outcome("exception", content, {"exception": details}, duration_secs=duration)
+
+
+# -- the result a worker or the embedded engine files for a call ----------------------------------
+
+
+def call_result(payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
+    return ToolResult(
+        call_id=payload.call.id,
+        name=payload.call.name,
+        run_id=payload.run_id,
+        status=outcome.status,
+        content=outcome.content,
+        artifact=outcome.artifact,
+        attempts=attempts,
+        truncated=outcome.truncated,
+        duration_secs=round(outcome.duration_secs, 6),
+    )
+
+
+def unknown_tool_result(payload: ToolTask, registry: ToolRegistry) -> ToolResult:
+    """The result for a call of a tool this worker does not have (a forged name): nothing ran."""
+    names, limit = registry.names(), payload.max_result_chars
+    outcome = unknown_tool(payload.call.name, names, limit, where=" on this worker")
+    return call_result(payload, outcome, 0)
+
+
+def refused_result(payload: ToolTask, why: str) -> ToolResult:
+    """The result for a call whose message was refused before anything ran (``_signing``)."""
+    call = payload.call
+    return ToolResult(
+        call_id=call.id,
+        name=call.name,
+        run_id=payload.run_id,
+        status="not_started",
+        content=f"Tool {shown_name(call.name)} was not run: the worker refused the call's message ({why}).",
+        artifact={"refused": why},
+    )
+
+
+def too_many_runs(payload: ToolTask, attempt: int) -> Outcome | None:
+    """The outcome of a call whose runs kept dying under it, once run ``attempt`` is one too many."""
+    if attempt <= payload.max_attempts + MAX_LOST_RUNS:
+        return None
+    return Outcome(
+        "lost",
+        f"Tool {payload.call.name!r} could not finish: its process died {attempt - 1} "
+        "times while running this call.",
+    )
+
+
+def retry_delay(payload: ToolTask, outcome: Outcome, attempt: int) -> float | None:
+    """The wait before running the call again after run ``attempt``, or None when it is final."""
+    if not (outcome.retryable and attempt < payload.max_attempts):
+        return None
+    return backoff_secs(
+        attempt, initial=payload.initial_backoff_secs, maximum=payload.max_backoff_secs, jitter=payload.jitter
+    )
+
+
+def filed_result(payload: ToolTask, outcome: Outcome, attempts: int) -> tuple[ToolResult, bool]:
+    """The result to file, and whether it finishes the call: an exception under ``fail`` does not
+    (it fails the turn, which may be run again)."""
+    fails_run = outcome.status == "exception" and payload.on_tool_exception == "fail"
+    return call_result(payload, outcome, attempts), not fails_run

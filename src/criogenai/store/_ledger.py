@@ -44,9 +44,8 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from .._keys import Keys, task_id
-from .._outcomes import FAILED_STATUSES
-from .._wire import ToolResult
-from ._loop import can_wait, pause, wait
+from .._loop import can_wait, pause, wait
+from .._wire import FAILED_STATUSES, ToolResult
 
 log = logging.getLogger(__name__)
 
