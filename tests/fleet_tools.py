@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import time
@@ -255,3 +256,17 @@ def count_then_raise(key: str) -> str:
     """Count one run under key, then raise an unexpected exception."""
     n = _count(key)
     raise RuntimeError(f"run {n} failed")
+
+
+@tool
+async def block_loop(seconds: float) -> float:
+    """A careless async tool: blocks the event loop (time.sleep in an async def)."""
+    time.sleep(seconds)
+    return seconds
+
+
+@tool
+def log_line(text: str) -> str:
+    """Log a line from the tool's own code (a sync tool, on its tool thread)."""
+    logging.getLogger("tests.fleet_tools").warning(text)
+    return text

@@ -161,6 +161,10 @@ class Settings(_Value):
     """The Redis transport's redelivery backstop; criogenai's lease recovers calls much sooner.
     Keep it above the longest call and its retry waits (the dispatcher refuses tools that would
     exceed it): a message redelivered earlier is only wasted work, never a second run."""
+    loop_stall_secs: float = Field(60.0, ge=1, le=3600)
+    """On criogenai's threads pool: a worker whose event loop was blocked this long (an async tool
+    that blocks, e.g. ``time.sleep`` in ``async def``) exits with status 3, so that its calls run
+    elsewhere and its supervisor restarts it, as a prefork child past its hard limit is killed."""
     celery_result_records: bool = False
     """Also keep Celery's own result record (``celery-task-meta-<task id>``) of every call, for
     the retention, so that stock ``AsyncResult(task_id).get()`` reads it: about 750 bytes a call
@@ -209,6 +213,7 @@ class Settings(_Value):
             "retention_secs",
             "visibility_timeout_secs",
             "celery_result_records",
+            "loop_stall_secs",
             "signing_secret",
         )
         for field in named:

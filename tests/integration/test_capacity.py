@@ -153,3 +153,30 @@ def test_a_tool_leaving_by_sys_exit_or_a_base_exception_is_an_exception_run_once
         assert [r.status for r in more] == ["ok"] * 4
     assert worker.proc.poll() is None
     assert secret not in worker.output()
+
+
+def test_an_async_tool_that_blocks_the_event_loop_ends_its_worker(worker_factory) -> None:
+    # Given a worker whose event loop may be blocked for 2 s at most
+    worker = worker_factory(pool="threads", concurrency=4, extra_env={"CRIOGENAI_LOOP_STALL_SECS": "2"})
+    with make_dispatcher() as d:
+        runner = threading.Thread(target=d.run_turn_sync, daemon=True,
+                                  args=([ToolCall(id="b", name="block_loop", arguments={"seconds": 30})],))
+        runner.start()
+        # When an async tool blocks the loop (time.sleep in an async def), holding every call
+        # Then the worker exits with status 3 and says why, well before the tool would return
+        assert worker.proc.wait(20) == 3
+    assert worker.output().count("the event loop was blocked for more than 2 s") == 1
+
+
+def test_a_sync_tools_own_log_records_carry_its_calls_ids(worker_factory) -> None:
+    worker = worker_factory(pool="threads", concurrency=20, extra_args=("--log-format", "json"))
+    calls = [ToolCall(id=f"c{i}", name="log_line", arguments={"text": f"line-{i}"}) for i in range(20)]
+    with make_dispatcher() as d:
+        results = d.run_turn_sync(calls)
+    assert [r.status for r in results] == ["ok"] * 20
+    run_id = results[0].run_id
+    records = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
+    mine = {r["message"]: r for r in records if r.get("logger") == "tests.fleet_tools"}
+    assert set(mine) == {f"line-{i}" for i in range(20)}
+    for i in range(20):
+        assert (mine[f"line-{i}"]["run_id"], mine[f"line-{i}"]["call_id"]) == (run_id, f"c{i}")

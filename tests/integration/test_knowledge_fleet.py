@@ -103,7 +103,8 @@ def test_forget_and_the_count_cap_on_the_fleet(worker: WorkerProcess) -> None:
         first = json.loads(out[0]["content"])["id"]
         out = seen(agent.run_sync(prompt(
             [("forget", {"id": first})],
-            [("remember", {"text": "four"}), ("search_memory", {"query": "one two three four"})],
+            [("remember", {"text": "four"})],  # a turn's calls run at once: the search comes after
+            [("search_memory", {"query": "one two three four"})],
         ), user=user).output)
         assert out[0]["content"] == f"Forgot {first}."
         assert out[1]["status"] == "ok"

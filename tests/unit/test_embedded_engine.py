@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import threading
 import time
 from collections import Counter
@@ -354,3 +356,61 @@ def test_closing_a_dispatcher_returns_at_once() -> None:
         d.run_turn_sync([ToolCall(id="c", name="flaky", arguments={"key": key(), "fail_times": 0})])
         started = time.monotonic()
     assert time.monotonic() - started < 0.25  # 50 ms measured alone; slack for a loaded CI machine
+
+
+@tool
+async def nap(seconds: float) -> float:
+    """Sleep on the event loop."""
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+@tool
+async def raises_cancelled() -> str:
+    """Let a cancelled inner task's error escape, as careless async code does."""
+    inner = asyncio.ensure_future(asyncio.sleep(10))
+    inner.cancel()
+    await inner
+    return "never"
+
+
+def test_calls_whose_callers_loop_closes_mid_turn_end_cancelled_not_failed() -> None:
+    # Given a turn awaited on a loop that the application then shuts down mid-turn
+    rid = key()
+    calls = [ToolCall(id=f"c{i}", name="nap", arguments={"seconds": 5}) for i in range(4)]
+    with Dispatcher([nap], settings=Settings()) as d:
+
+        async def give_up() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(d.run_turn(calls, run_id=rid), 0.3)
+
+        asyncio.run(give_up())
+        # Then the calls are filed as cancelled (what re-dispatching the turn finds), never as a
+        # tool's exception
+        results = d.run_turn_sync(calls, run_id=rid)
+    assert {r.status for r in results} == {"cancelled"}, results
+
+
+def test_run_turn_sync_on_a_running_loop_refuses_instead_of_blocking_it() -> None:
+    async def main() -> None:
+        with Dispatcher([nap], settings=Settings()) as d:
+            d.run_turn_sync([ToolCall(id="c", name="nap", arguments={"seconds": 0})])
+
+    with pytest.raises(RuntimeError, match=r"use `await dispatcher\.run_turn"):
+        asyncio.run(main())
+
+
+def test_an_async_tools_own_cancelled_error_is_its_failure_not_a_timeout() -> None:
+    with Dispatcher([raises_cancelled], settings=Settings()) as d:
+        [r] = d.run_turn_sync([ToolCall(id="c", name="raises_cancelled", arguments={})])
+    assert (r.status, r.artifact["exception"]["type"]) == ("exception", "CancelledError")
+
+
+def test_turns_awaited_on_many_short_lived_loops_leave_no_loop_behind() -> None:
+    with Dispatcher([nap], settings=Settings()) as d:
+        for _ in range(50):
+            [r] = asyncio.run(d.run_turn([ToolCall(id="c", name="nap", arguments={"seconds": 0})]))
+            assert r.status == "ok"
+        gc.collect()
+        loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_closed()]
+    assert len(loops) <= 2

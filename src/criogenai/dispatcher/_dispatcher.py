@@ -172,7 +172,10 @@ class Dispatcher:
         tenant: str | None = None,
         scope: str | None = None,
     ) -> list[ToolResult]:
-        """``run_turn`` for code without an event loop."""
+        """``run_turn`` for code without an event loop. Called on a thread that runs one (an async
+        tool, an ``async def`` handler), it would block that loop, which may be the very one the
+        calls need: it raises instead (use ``await run_turn``)."""
+        _not_on_a_running_loop()
         ordered, rid, valid, done = self._prepare(calls, run_id)
         ledger = self._start().ledger if run_id else None
         turn = run_sync(self._gate.before(rid, valid, done, ledger)) if not self._gate.empty else None
@@ -287,3 +290,12 @@ class Dispatcher:
                         results=results,
                     ) from cause
         return results
+
+
+def _not_on_a_running_loop() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError("run_turn_sync was called from a running event loop, which it would block: "
+                       "use `await dispatcher.run_turn(...)` there")

@@ -22,7 +22,6 @@ import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -108,9 +107,8 @@ class InProcessEngine:
         """Carried in each call's task, as the fleet's; results come back directly, not through it."""
         self.token = f"embedded:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._slots = GreenletRunner(SLOTS)
-        self._on_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GreenletRunner] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._on_loops: dict[asyncio.AbstractEventLoop, GreenletRunner] = {}
+        """Runners on the callers' loops; a closed loop's is dropped at the next start."""
         self._lock = threading.Condition()
         self._calls: set[_Call] = set()
         """Calls submitted and not answered yet (the watch gives up on them past their bound)."""
@@ -191,6 +189,8 @@ class InProcessEngine:
             self._slots.submit(self._run, c)
             return
         with self._lock:
+            for closed in [c for c in self._on_loops if c.is_closed()]:
+                del self._on_loops[closed]
             runner = self._on_loops.get(loop)
             if runner is None:
                 runner = self._on_loops[loop] = GreenletRunner(SLOTS, loop)

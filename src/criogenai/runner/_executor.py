@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import contextvars
 import ctypes
+import functools
 import logging
 import queue
 import signal
@@ -131,7 +134,8 @@ class _Done:
     def set(self) -> None:
         self._event.set()
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._wake)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         if self._future is not None and not self._future.done():
@@ -226,7 +230,8 @@ def _clear_raise_in_thread() -> None:
 
 
 def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:
-    job = _Job(fn)
+    # In the call's context: its log fields and trace span reach the tool's own records and spans.
+    job = _Job(functools.partial(contextvars.copy_context().run, fn))
     _thread_pool().submit(job)
     if stop is not None:
         stop.arm(job.done.set)
@@ -276,14 +281,17 @@ def _await_on_this_loop(coro: Any, timeout: float, stop: CallStop | None) -> Any
     if stop is not None:
         stop.arm(lambda: loop.call_soon_threadsafe(task.cancel))
     try:
-        # Bounded too: a coroutine that ignores cancellation is abandoned at the hard limit.
-        _loop.wait(asyncio.wait([task], timeout=hard_limit_secs(timeout)))
+        try:
+            # Bounded too: a coroutine that ignores cancellation is abandoned at the hard limit.
+            _loop.wait(asyncio.wait([task], timeout=hard_limit_secs(timeout)))
+        except asyncio.CancelledError:  # the call itself was cancelled: its caller's loop is closing
+            raise _Cancelled from None
         if not task.done():
             task.cancel()
             raise _TimedOut
-        if task.cancelled():
-            raise _Cancelled if stop is not None and stop.requested else _TimedOut
-        return task.result()
+        if task.cancelled() and stop is not None and stop.requested:
+            raise _Cancelled
+        return task.result()  # a CancelledError of the tool's own is the tool's failure
     except BaseException:
         task.cancel()
         raise
@@ -382,7 +390,9 @@ def execute(
             retryable=exc.retryable,
             duration_secs=time.monotonic() - started,
         )
-    except (_TimedOut, _Cancelled, *interrupts):  # type: ignore[misc]
+    except _Cancelled:
+        return stopped_by_cancel(tool.name, time.monotonic() - started)
+    except (_TimedOut, *interrupts):  # type: ignore[misc]
         if stop is not None and stop.requested:
             return stopped_by_cancel(tool.name, time.monotonic() - started)
         return timed_out(tool.name, timeout_secs, time.monotonic() - started)

@@ -39,4 +39,5 @@ def create_app(
             catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix)
             runtime.on_heartbeat = CatalogPublisher(catalog, registry, key_id=key_id(settings.signing_secret))
         app.criogenai_runtime = runtime
+    app.criogenai_settings = settings
     return app

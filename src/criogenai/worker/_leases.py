@@ -131,9 +131,10 @@ class Heartbeat:
     def _loop(self) -> None:
         while True:
             try:
-                self._ledger.heartbeat(self._worker, self._queues)
+                # The catalog first: a worker seen alive has its tools published already.
                 if self._also is not None:
                     self._also(self._worker, self._queues, False)
+                self._ledger.heartbeat(self._worker, self._queues)
                 self._errors.ok()
             except Exception as exc:
                 if stop_if_refused(exc):

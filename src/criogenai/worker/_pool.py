@@ -10,11 +10,16 @@ prefetch window still bounds the calls in flight to the concurrency, as with its
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
+import time
 from typing import Any
 
 from celery.concurrency.base import BasePool, apply_target
 
+from .._config import Settings
 from .._loop import GreenletRunner
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,11 @@ class TaskPool(BasePool):  # type: ignore[misc]
 
     def on_start(self) -> None:
         self._runner = GreenletRunner(self.limit or 1)
+        settings = getattr(self.app, "criogenai_settings", None)
+        stall = settings.loop_stall_secs if settings is not None else Settings().loop_stall_secs
+        self._watchdog = threading.Thread(target=_watch, args=(self._runner.loop, stall),
+                                          name="criogenai-watchdog", daemon=True)
+        self._watchdog.start()
 
     def on_apply(
         self,
@@ -57,6 +67,12 @@ class TaskPool(BasePool):  # type: ignore[misc]
     def on_stop(self) -> None:
         """Warm shutdown: the calls in flight finish (their time limits bound the wait)."""
         self._runner.join()
+
+    def terminate_job(self, pid: int, signal: int | None = None) -> None:
+        """Celery's way to stop running tasks (on a lost broker connection, ``revoke --terminate``):
+        calls here share one process, so none is killed; each keeps its claim, and its filing is
+        tried again until Redis answers. (Celery's own thread pool cannot kill a job either; without
+        this method it logs a traceback for each one.)"""
 
     def on_terminate(self) -> None:
         """Cold shutdown: nothing more is waited for; leases bring the calls back elsewhere."""
@@ -78,3 +94,28 @@ def _trace(target: Any, args: Any, kwargs: Any, callback: Any, accept_callback: 
         apply_target(target, args, kwargs, callback, accept_callback)
     except BaseException:
         log.exception("a task's trace failed outside the task")
+
+
+EXIT_LOOP_BLOCKED = 3
+"""``criogenai worker``'s status when a tool blocked the event loop past ``loop_stall_secs``."""
+
+
+def _watch(loop: asyncio.AbstractEventLoop, stall_secs: float) -> None:
+    """End the worker when something blocks its event loop for ``stall_secs``: every call of the
+    process waits on that loop, so none would end, yet the heartbeat and the lease renewals (their
+    own threads) would tell the fleet all is well. Exiting lets leases send the calls elsewhere."""
+    while True:
+        answered = threading.Event()
+        try:
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # the loop was closed: the worker is stopping
+            return
+        if not answered.wait(stall_secs):
+            log.critical(
+                "the event loop was blocked for more than %g s (an async tool that blocks, such as "
+                "time.sleep in an async def, holds every call of this worker): exiting so that its "
+                "calls run elsewhere", stall_secs,
+            )
+            logging.shutdown()
+            os._exit(EXIT_LOOP_BLOCKED)
+        time.sleep(min(1.0, stall_secs / 4))
