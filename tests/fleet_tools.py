@@ -97,17 +97,21 @@ def boom(secret: str) -> str:
     raise RuntimeError(f"connection refused for password={secret}")
 
 
-@tool
-def stubborn(seconds: float, key: str = "") -> str:
-    """Ignore the soft time limit: catch it and keep sleeping."""
-    if key:
-        _count(key)
+def _ignore_soft_limit(seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             time.sleep(0.05)
         except BaseException:  # swallows the soft limit on purpose, like a careless tool
             continue
+
+
+@tool
+def stubborn(seconds: float, key: str = "") -> str:
+    """Ignore the soft time limit: catch it and keep sleeping."""
+    if key:
+        _count(key)
+    _ignore_soft_limit(seconds)
     return "finished anyway"
 
 
@@ -270,3 +274,11 @@ def log_line(text: str) -> str:
     """Log a line from the tool's own code (a sync tool, on its tool thread)."""
     logging.getLogger("tests.fleet_tools").warning(text)
     return text
+
+
+@tool(read_only=True, timeout_secs=1)
+def stubborn_once(key: str) -> str:
+    """Ignore the soft time limit on the first run (so its process is killed at the hard one)."""
+    if _count(key) == 1:
+        _ignore_soft_limit(30)
+    return "second run"

@@ -219,3 +219,14 @@ def test_closing_a_fleet_dispatcher_returns_at_once(fleet: WorkerProcess) -> Non
     started = time.monotonic()
     d.close()  # its gatherer was waiting on Redis for results that will not come
     assert time.monotonic() - started < 0.25  # 50 ms measured alone; slack for a loaded CI machine
+
+
+def test_a_read_only_tool_killed_at_its_hard_limit_is_retried_like_any_timeout(fleet: WorkerProcess) -> None:
+    # A tool that catches the soft limit on its first run outlives it and is killed at the hard limit
+    # on prefork; on threads it is abandoned at its limit. Either way it timed out, so a read-only
+    # tool runs again, and its second run ends ok.
+    k = key()
+    with make_dispatcher(tool_retry=Retry(max_attempts=2, initial_backoff=0.05)) as d:
+        [r] = d.run_turn_sync([ToolCall(id="s", name="stubborn_once", arguments={"key": k})])
+    assert (r.status, r.content, r.attempts) == ("ok", "second run", 2), r
+    assert fleet_tools.runs(k) == 2

@@ -343,8 +343,17 @@ class WorkerRuntime:
         tool = self.registry.get(payload.call.name)
         if isinstance(exc, TimeLimitExceeded):
             outcome = timed_out(payload.call.name, payload.timeout_secs, payload.timeout_secs, stopped=True)
-            progress = self.ledger.progress(payload.run_id, [payload.call.id])[payload.call.id]
-            result = call_result(payload, outcome, progress.starts)
+            starts = self.ledger.progress(payload.run_id, [payload.call.id])[payload.call.id].starts
+            delay = retry_delay(payload, outcome, starts) if tool is not None and tool.retryable else None
+            if tool is not None and delay is not None:
+                # Killed at its hard limit (it caught or outlived the soft one): a timeout like any
+                # other, so a read-only or idempotent tool is run again, as the rule says.
+                log.warning("call %s/%s was killed at its hard limit (run %d): running it again in %.1f s",
+                            payload.run_id, payload.call.id, starts, delay)
+                self.ledger.release(payload.run_id, payload.call.id)
+                send_call(self.app, payload, tool.queue, countdown=delay)
+                return
+            result = call_result(payload, outcome, starts)
             self._file(result, payload.run_id, None, payload.reply_to, done=True)
         elif tool is not None:
             # The run is over; run the call again (at least once), bounded by the claim's count.
