@@ -161,6 +161,10 @@ class Settings(_Value):
     """The Redis transport's redelivery backstop; criogenai's lease recovers calls much sooner.
     Keep it above the longest call and its retry waits (the dispatcher refuses tools that would
     exceed it): a message redelivered earlier is only wasted work, never a second run."""
+    heartbeat_ttl_secs: float = Field(15.0, ge=1, le=600)
+    """A worker is alive while its last heartbeat (every fifth of this) is younger than this:
+    dispatchers send again what a dead worker had taken, and the catalog drops its tools. Every
+    process of a fleet must agree on it."""
     loop_stall_secs: float = Field(60.0, ge=1, le=3600)
     """On criogenai's threads pool: a worker whose event loop was blocked this long (an async tool
     that blocks, e.g. ``time.sleep`` in ``async def``) exits with status 3, so that its calls run
@@ -214,6 +218,7 @@ class Settings(_Value):
             "visibility_timeout_secs",
             "celery_result_records",
             "loop_stall_secs",
+            "heartbeat_ttl_secs",
             "signing_secret",
         )
         for field in named:

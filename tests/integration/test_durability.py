@@ -261,17 +261,20 @@ def fleet_tools_registry():  # type: ignore[no-untyped-def]
 
 
 def test_soak_of_2000_calls_on_3_workers_with_one_killed_and_restarted(worker_factory) -> None:
-    workers = [worker_factory(pool="threads", concurrency=8) for _ in range(3)]
+    # (a fleet agreeing on a 3 s heartbeat TTL: what the dead worker had taken comes back sooner)
+    beat = {"CRIOGENAI_HEARTBEAT_TTL_SECS": "3"}
+    workers = [worker_factory(pool="threads", concurrency=8, extra_env=beat) for _ in range(3)]
     keys = [key() for _ in range(2000)]
     calls = [ToolCall(id=f"c{i}", name="count", arguments={"key": k}) for i, k in enumerate(keys)]
+    settings = Settings(broker_url=fleet_url(), lease_secs=2.0, heartbeat_ttl_secs=3)
     with (
-        make_dispatcher(limits={"max_calls_per_turn": 200}) as d,
+        make_dispatcher(limits={"max_calls_per_turn": 200}, settings=settings) as d,
         concurrent.futures.ThreadPoolExecutor(10) as ex,
     ):
         futures = [ex.submit(d.run_turn_sync, calls[i:i + 200]) for i in range(0, 2000, 200)]
         wait_for(lambda: sum(1 for f in futures if f.done()) >= 2, timeout=60, what="progress")
         workers[0].kill(signal.SIGKILL)
-        worker_factory(pool="threads", concurrency=8)
+        worker_factory(pool="threads", concurrency=8, extra_env=beat)
         results = [r for f in futures for r in f.result(timeout=120)]
     assert len(results) == 2000
     assert all(r.status == "ok" for r in results), {r.status for r in results}

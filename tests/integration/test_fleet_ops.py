@@ -231,15 +231,21 @@ def test_a_stopped_worker_withdraws_its_tools_from_the_catalog(clean: None, work
 def test_a_killed_workers_tools_leave_the_catalog_when_its_heartbeat_stops(
     clean: None, worker_factory: Factory
 ) -> None:
-    w = worker_factory(queues="criogenai")
+    # Given a fleet whose processes agree on a 3 s heartbeat TTL (the default is 15 s)
+    short = Settings(broker_url=fleet_url(), lease_secs=2.0, heartbeat_ttl_secs=3)
+    w = worker_factory(queues="criogenai", extra_env={"CRIOGENAI_HEARTBEAT_TTL_SECS": "3"})
     catalog = wait_for_catalog(["echo"])
+    killed_at = time.monotonic()
     w.kill()  # no clean shutdown: its records stay in Redis, but its heartbeat stops
-    deadline = time.monotonic() + 30
-    while "echo" in catalog.read(["echo"]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert "echo" not in catalog.read(["echo"])
+    live = Catalog.from_settings(short)
+    while "echo" in live.read(["echo"]) and time.monotonic() < killed_at + 30:
+        time.sleep(0.1)
+    # Then its tools leave within the TTL (plus a beat), not the default's 15 s
+    assert "echo" not in live.read(["echo"])
+    assert time.monotonic() - killed_at < 3 + 3
+    assert "echo" in catalog.read(["echo"]), "with the default TTL the worker still counts as alive"
     with pytest.raises(ConfigurationError, match="no live worker serves 'echo'"):
-        ToolRegistry.from_catalog(["echo"], settings())
+        ToolRegistry.from_catalog(["echo"], short)
 
 
 def test_the_catalog_is_published_again_soon_after_redis_loses_it(

@@ -129,7 +129,11 @@ class Engine:
         self.app = app
         self._secret = signing_secret
         self._key_id = key_id(signing_secret)
-        self._catalog = Catalog(ledger.client, prefix=prefix) if isinstance(ledger, RedisLedger) else None
+        self._catalog = (
+            Catalog(ledger.client, prefix=prefix, heartbeat_ttl_secs=ledger.heartbeat_ttl_secs)
+            if isinstance(ledger, RedisLedger)
+            else None
+        )
         self._signers: dict[str, tuple[float, str | None]] = {}
         """Tool name → (until when, why its live workers cannot serve this engine, or None)."""
         self._fast = publisher

@@ -125,11 +125,17 @@ class Catalog:
     """The catalog in Redis: a sorted set of tool names, and one hash per tool (worker → record)."""
 
     def __init__(
-        self, client: redis.Redis, *, prefix: str = "crg", ttl_secs: float = CATALOG_TTL_SECS
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = "crg",
+        ttl_secs: float = CATALOG_TTL_SECS,
+        heartbeat_ttl_secs: float = HEARTBEAT_TTL_SECS,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.ttl_secs = ttl_secs
+        self.heartbeat_ttl_secs = heartbeat_ttl_secs
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Catalog:
@@ -139,7 +145,7 @@ class Catalog:
                 "the tool catalog lives in the fleet's Redis: set CRIOGENAI_BROKER_URL=redis://..."
             )
         client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
-        return cls(client, prefix=settings.key_prefix)
+        return cls(client, prefix=settings.key_prefix, heartbeat_ttl_secs=settings.heartbeat_ttl_secs)
 
     def _index(self) -> str:
         return f"{self.prefix}:catalog:tools"
@@ -230,7 +236,7 @@ class Catalog:
         beats = dict(zip(pairs, pipe.execute(), strict=True))
         out: dict[str, list[CatalogEntry]] = {}
         for name, es in found.items():
-            kept = [e for e in es if now - (beats[(e.queue, e.worker)] or 0.0) < HEARTBEAT_TTL_SECS]
+            kept = [e for e in es if now - (beats[(e.queue, e.worker)] or 0.0) < self.heartbeat_ttl_secs]
             if kept:
                 out[name] = kept
         return out

@@ -18,11 +18,12 @@ def make_ledger(settings: Settings) -> Ledger:
             prefix=settings.key_prefix,
             lease_secs=settings.lease_secs,
             retention_secs=settings.retention_secs,
+            heartbeat_ttl_secs=settings.heartbeat_ttl_secs,
             celery_records=settings.celery_result_records,
             celery_results=settings.redis_url == settings.result_backend,
             broker_acks=settings.redis_url == settings.broker_url,
         )
-    return MemoryLedger(lease_secs=settings.lease_secs)
+    return MemoryLedger(lease_secs=settings.lease_secs, heartbeat_ttl_secs=settings.heartbeat_ttl_secs)
 
 
 MIN_REDIS = (7, 0)

@@ -88,6 +88,7 @@ class Renewal:
 
 class Ledger(Protocol):
     lease_secs: float
+    heartbeat_ttl_secs: float
     celery_records: bool
     """Celery's result record is wanted for every call (``Settings.celery_result_records``)."""
     stores_celery_results: bool
@@ -501,6 +502,7 @@ class RedisLedger:
         prefix: str = "crg",
         lease_secs: float = 10.0,
         retention_secs: int = 7 * 24 * 3600,
+        heartbeat_ttl_secs: float = HEARTBEAT_TTL_SECS,
         celery_records: bool = False,
         celery_results: bool = False,
         broker_acks: bool = False,
@@ -515,6 +517,7 @@ class RedisLedger:
         """The broker is this Redis: ``finish`` may acknowledge the call's message too."""
         self.lease_secs = lease_secs
         self.retention_secs = retention_secs
+        self.heartbeat_ttl_secs = heartbeat_ttl_secs
         common = dict(
             socket_connect_timeout=5,
             health_check_interval=10,
@@ -702,14 +705,14 @@ class RedisLedger:
                 pipe.zrem(key, worker)
             else:
                 pipe.zadd(key, {worker: now})
-                pipe.zremrangebyscore(key, "-inf", now - 10 * HEARTBEAT_TTL_SECS)
-                pipe.expire(key, int(10 * HEARTBEAT_TTL_SECS))
+                pipe.zremrangebyscore(key, "-inf", now - 10 * self.heartbeat_ttl_secs)
+                pipe.expire(key, int(10 * self.heartbeat_ttl_secs))
         pipe.execute()
 
     def live_workers(self, queue: str) -> list[str]:
         now = time.time()
         key = self.keys.workers(queue)
-        names: list[bytes] = self.client.zrangebyscore(key, now - HEARTBEAT_TTL_SECS, "+inf")  # type: ignore[assignment]
+        names: list[bytes] = self.client.zrangebyscore(key, now - self.heartbeat_ttl_secs, "+inf")  # type: ignore[assignment]
         return [n.decode() for n in names]
 
 
@@ -720,8 +723,9 @@ class RedisLedger:
 class MemoryLedger:
     """The ledger in one process's memory, for the embedded engine. Same rules, one lock."""
 
-    def __init__(self, *, lease_secs: float = 10.0) -> None:
+    def __init__(self, *, lease_secs: float = 10.0, heartbeat_ttl_secs: float = HEARTBEAT_TTL_SECS) -> None:
         self.lease_secs = lease_secs
+        self.heartbeat_ttl_secs = heartbeat_ttl_secs
         self.celery_records = False
         self.stores_celery_results = False
         self.broker_acks = False
@@ -893,7 +897,7 @@ class MemoryLedger:
     def live_workers(self, queue: str) -> list[str]:
         with self._lock:
             now = time.monotonic()
-            return [w for w, t in self._workers[queue].items() if now - t < HEARTBEAT_TTL_SECS]
+            return [w for w, t in self._workers[queue].items() if now - t < self.heartbeat_ttl_secs]
 
     def server_id(self) -> str:
         return "memory"

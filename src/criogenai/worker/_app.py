@@ -36,7 +36,8 @@ def create_app(
         install_worker_options(app, registry, settings.redis_url)
         _drop_builtin_tasks(app)
         if isinstance(runtime.ledger, RedisLedger):  # a fleet: publish the tools it serves
-            catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix)
+            catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix,
+                              heartbeat_ttl_secs=settings.heartbeat_ttl_secs)
             runtime.on_heartbeat = CatalogPublisher(catalog, registry, key_id=key_id(settings.signing_secret))
         app.criogenai_runtime = runtime
     app.criogenai_settings = settings

@@ -407,7 +407,8 @@ def register(app: Celery, runtime: WorkerRuntime) -> None:
         if getattr(sender, "app", None) is not app:
             return
         queues = sorted(q.name for q in sender.task_consumer.queues)
-        beat = Heartbeat(runtime.ledger, str(sender.hostname), queues, also=runtime.on_heartbeat)
+        beat = Heartbeat(runtime.ledger, str(sender.hostname), queues, also=runtime.on_heartbeat,
+                         interval=runtime.ledger.heartbeat_ttl_secs / 5)
         beat.start()
         heartbeats.append(beat)
         # What is loaded now lives as long as the worker: keep the collector from scanning it
