@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument(
         "--otel",
         action="store_true",
-        default=os.environ.get("CRIOGENAI_OTEL", "") not in ("", "0", "false"),
+        default=os.environ.get("CRIOGENAI_OTEL", "").strip().lower() not in ("", "0", "false", "no"),
         help="trace each call with OpenTelemetry (needs criogenai[otel]); default: $CRIOGENAI_OTEL=1",
     )
     w.add_argument("--loglevel", "-l", default="INFO")

@@ -236,3 +236,14 @@ def test_a_dispatcher_is_told_when_no_live_worker_shares_its_secret() -> None:
     assert "this dispatcher has no signing secret" in (signing_mismatch([entry(mine)], None) or "")
     assert "workers have no signing secret" in (signing_mismatch([entry(None)], mine) or "")
     assert "another signing secret" in (signing_mismatch([entry(other)], mine) or "")
+
+
+def test_every_field_of_a_call_and_of_a_result_is_signed_or_named_as_not() -> None:
+    # A field added to the wire models later must be signed, or be named here on purpose: an unsigned
+    # one would be a place to edit a call or a result without the secret.
+    from criogenai import _signing
+    from criogenai._wire import ToolResult, ToolTask
+
+    separately = {"call", "scope"}  # the call's id, name and arguments, and the scope, when set
+    assert set(ToolTask.model_fields) - {"signature"} == set(_signing._SIGNED_TASK_FIELDS) | separately
+    assert set(ToolResult.model_fields) - {"signature"} == set(_signing._SIGNED_RESULT_FIELDS)

@@ -26,6 +26,7 @@ embedded engine (one process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -434,7 +435,8 @@ def _settle(future: asyncio.Future[object], reply: object) -> None:
         else:
             future.set_result(reply)
 
-    future.get_loop().call_soon_threadsafe(settle)
+    with contextlib.suppress(RuntimeError):  # the caller's loop closed meanwhile: nobody waits
+        future.get_loop().call_soon_threadsafe(settle)
 
 
 class _HotScripts:
@@ -475,7 +477,7 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 """What the ledger raises when Redis does not answer, after its own quick retries."""
 HOT_CONNECTIONS = 8
 """Connections a process's claims and filings share (a worker on criogenai's threads pool sends
-them all from its event loop's thread, so it uses one)."""
+them in batches from one thread, ``_Batched``, so it uses one)."""
 CLIENT_CONNECTIONS = 16
 """The cap on each redis-py client's pool: past it, a caller waits for a connection to come back
 (redis-py's own pool fails with "Too many connections")."""
