@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from bench.procfs import connections_to, status  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -78,30 +80,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _status(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
+    return status(pid, field)
 
 
 def redis_connections(pid: int) -> int:
-    """The process's TCP connections to the benchmark's Redis (its sockets, matched in /proc/net)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            if remote_port == PORT and fields[3] == "01" and fields[9] in inodes:  # 01: established
-                count += 1
-    return count
+    """The process's TCP connections to the benchmark's Redis."""
+    return connections_to(pid, PORT)
 
 
 class Sampler:

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -282,3 +283,16 @@ def stubborn_once(key: str) -> str:
     if _count(key) == 1:
         _ignore_soft_limit(30)
     return "second run"
+
+
+def distinct_runs(key: str) -> int:
+    """The runs ``mark_run`` counted under key."""
+    return int(ledger().scard(f"test:run-ids:{key}"))
+
+
+@tool(idempotent=True)
+def mark_run(key: str) -> str:
+    """Count one run under key with a run id of its own, so that a Redis command the client sends
+    again after a killed connection cannot count it twice (INCR could)."""
+    ledger().sadd(f"test:run-ids:{key}", uuid.uuid4().hex)
+    return key
