@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +24,9 @@ def _kind(block: str) -> str:
     return "fleet" if first.startswith("# Needs a fleet") else "embedded"
 
 
-def _run(block: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", block], cwd=ROOT, env=env, capture_output=True, text=True,
+def _run(block: str, env: dict[str, str], where: Path) -> subprocess.CompletedProcess[str]:
+    """Run a block in a directory of its own (a block may write files, as a reader's would)."""
+    return subprocess.run([sys.executable, "-c", block], cwd=where, env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -45,8 +47,8 @@ def test_a_fragment_is_valid_python(block: str) -> None:
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if _kind(b) == "embedded"])
-def test_an_embedded_block_runs_as_written(block: str) -> None:
-    done = _run(block, _env())
+def test_an_embedded_block_runs_as_written(block: str, tmp_path: Path) -> None:
+    done = _run(block, _env(), tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
 
@@ -60,6 +62,8 @@ def clinic_fleet(tmp_path_factory: pytest.TempPathFactory, redis_up: None) -> It
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if _kind(b) == "fleet"])
-def test_a_fleet_block_runs_as_written_on_a_fleet(block: str, clinic_fleet: WorkerProcess) -> None:
-    done = _run(block, _env(CRIOGENAI_BROKER_URL=fleet_url()))
+def test_a_fleet_block_runs_as_written_on_a_fleet(
+    block: str, clinic_fleet: WorkerProcess, tmp_path: Path
+) -> None:
+    done = _run(block, _env(CRIOGENAI_BROKER_URL=fleet_url()), tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
