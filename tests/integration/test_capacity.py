@@ -164,3 +164,19 @@ def test_a_sync_tools_own_log_records_carry_its_calls_ids(worker_factory) -> Non
     assert set(mine) == {f"line-{i}" for i in range(20)}
     for i in range(20):
         assert (mine[f"line-{i}"]["run_id"], mine[f"line-{i}"]["call_id"]) == (run_id, f"c{i}")
+
+
+def test_claims_sent_together_after_redis_lost_its_scripts_all_succeed(own_redis) -> None:  # type: ignore[no-untyped-def]
+    # Given calls waiting on the event loop, whose claims go out to Redis in batches
+    from criogenai._loop import GreenletRunner
+    from criogenai.store import RedisLedger
+
+    ledger = RedisLedger(own_redis.url)
+    ledger.claim("run", "warm", "token", time.time() + 60)  # the scripts are loaded
+    # When Redis loses its scripts (a restart, SCRIPT FLUSH) just before a batch of 50 claims
+    redis.Redis(port=own_redis.port).script_flush()
+    runner = GreenletRunner(100)
+    futures = [runner.submit(ledger.claim, "run", f"c{i}", "token", time.time() + 60) for i in range(50)]
+    # Then every claim of the batch is made, once (each answered NOSCRIPT, loaded again, sent again)
+    claims = [f.result(20) for f in futures]
+    assert [(c.kind, c.attempt) for c in claims] == [("claimed", 1)] * 50
