@@ -34,11 +34,20 @@ import redis
 from .._celery import celery_app
 from .._config import Limits, Settings
 from .._keys import MAX_LOST_RUNS
-from .._message import hard_limit_secs, send_call
+from .._message import send_call
 from .._refusals import ErrorBurst
 from .._signing import authentic, key_id
-from .._wire import ToolResult, ToolStatus, ToolTask
-from ..runner._outcomes import cancelled_before_start, not_admitted
+from .._wire import ToolResult, ToolTask
+from ..runner._outcomes import (
+    Outcome,
+    budget_secs,
+    cancelled_before_start,
+    closed_in_flight,
+    ended,
+    gave_no_result,
+    not_admitted,
+    not_started,
+)
 from ..store import (
     Catalog,
     Ledger,
@@ -89,14 +98,10 @@ class _Pending:
 
 
 def _budget_secs(p: ToolTask, limits: Limits, lease_secs: float) -> float:
-    """The longest a call may take from publish to result, all attempts and waits included."""
-    per_attempt = hard_limit_secs(p.timeout_secs) + p.max_backoff_secs
-    return (
-        limits.queue_wait_secs
-        + p.max_attempts * per_attempt
-        + (MAX_LOST_RUNS + 1) * (lease_secs + CHECK_AFTER_SECS * 2)
-        + 10
-    )
+    """A call's bound on a fleet: ``budget_secs`` plus the runs that may die under it, each seen
+    within a lease and two checks."""
+    dying_runs = (MAX_LOST_RUNS + 1) * (lease_secs + CHECK_AFTER_SECS * 2)
+    return budget_secs(p, limits.queue_wait_secs, dying_runs + 10)
 
 
 def _limiter_for(ledger: Ledger) -> Limiter:
@@ -104,12 +109,6 @@ def _limiter_for(ledger: Ledger) -> Limiter:
     if isinstance(ledger, RedisLedger):
         return RedisLimiter(ledger.client, ledger.keys, lease)
     return MemoryLimiter(lease)
-
-
-def _ended(run_id: str, payload: ToolTask, status: ToolStatus, text: str) -> ToolResult:
-    return ToolResult(
-        call_id=payload.call.id, name=payload.call.name, run_id=run_id, status=status, content=text
-    )
 
 
 class Engine:
@@ -228,13 +227,8 @@ class Engine:
             except Exception:  # Redis unreachable: reported unsent; only a message it kept could run
                 log.warning("could not mark calls of run %s unsent", run_id, exc_info=True)
                 reachable = False  # one timeout is enough: the publisher thread serves every turn
-            result = _ended(
-                run_id,
-                s.payload,
-                "not_started",
-                f"Tool {s.payload.call.name!r} was not started: the call could not "
-                f"be sent to the workers ({type(exc).__name__}).",
-            )
+            why = f"the call could not be sent to the workers ({type(exc).__name__})"
+            result = ended(s.payload, not_started(s.payload.call.name, why))
             with self._lock:
                 self._pending.pop((run_id, s.payload.call.id), None)
                 self._settle(turn, result)
@@ -280,7 +274,7 @@ class Engine:
         """End a call admission never published (see ``not_admitted``)."""
         outcome = not_admitted(send.payload.call.name, why, self.limits.queue_wait_secs)
         with self._lock:
-            self._settle(turn, _ended(run_id, send.payload, outcome.status, outcome.content))
+            self._settle(turn, ended(send.payload, outcome))
 
     # -- cancelling -------------------------------------------------------------------------------
 
@@ -301,7 +295,7 @@ class Engine:
         for cid, p in mine:
             if self.ledger.abandon(run_id, cid):
                 name = p.send.payload.call.name
-                self._give_up(run_id, p.send.payload, "cancelled", cancelled_before_start(name).content)
+                self._end(run_id, p.send.payload, cancelled_before_start(name))
             else:
                 p.cancel_by = now + self._cancel_grace
 
@@ -319,13 +313,11 @@ class Engine:
             self._cancel_here(run_id)
         for run_id, p in overdue:
             name = p.send.payload.call.name
-            self._give_up(
-                run_id,
-                p.send.payload,
+            self._end(run_id, p.send.payload, Outcome(
                 "cancelled",
                 f"Tool {name!r} was told to stop (its turn was cancelled) and did not confirm "
                 f"within {self._cancel_grace:g} s; it may still be running.",
-            )
+            ))
         for run_id, at in list(self._cancelled.items()):
             if now - at > 3600:
                 self._cancelled.pop(run_id, None)
@@ -371,10 +363,10 @@ class Engine:
             if why is None:
                 kept.append(s)
                 continue
-            text = (f"Tool {s.payload.call.name!r} was not started: {why}. Set the same "
-                    "CRIOGENAI_SIGNING_SECRET on dispatchers and workers.")
+            hint = f"{why}. Set the same CRIOGENAI_SIGNING_SECRET on dispatchers and workers"
+            outcome = not_started(s.payload.call.name, hint)
             with self._lock:
-                self._settle(turn, _ended(run_id, s.payload, "not_started", text))
+                self._settle(turn, ended(s.payload, outcome))
         return kept
 
     def _send(self, sends: list[Send]) -> None:
@@ -404,8 +396,9 @@ class Engine:
         if pending is not None:
             self._admission.done(run_id, result.call_id)
 
-    def _give_up(self, run_id: str, payload: ToolTask, status: ToolStatus, text: str) -> None:
-        self._resolve(run_id, _ended(run_id, payload, status, text))
+    def _end(self, run_id: str, payload: ToolTask, outcome: Outcome) -> None:
+        """End a call this dispatcher gives up on (or learns the end of) without a worker's result."""
+        self._resolve(run_id, ended(payload, outcome))
 
     def _gather_loop(self) -> None:
         next_check = time.monotonic() + CHECK_AFTER_SECS / 2
@@ -475,12 +468,7 @@ class Engine:
         payload, name = p.send.payload, p.send.payload.call.name
         if now > p.final_deadline:
             self.ledger.give_up(run_id, payload.call.id)  # copies still queued must not run later
-            self._give_up(
-                run_id,
-                payload,
-                "lost",
-                f"Tool {name!r} gave no result in time; the call may or may not have run.",
-            )
+            self._end(run_id, payload, gave_no_result(name))
         elif state != "none":
             p.started, p.suspect = True, None
         elif starts == 0:
@@ -506,12 +494,7 @@ class Engine:
                 if no_worker
                 else f"no worker was free within {self.limits.queue_wait_secs:g} s"
             )
-            self._give_up(
-                run_id,
-                payload,
-                "not_started",
-                f"Tool {payload.call.name!r} was not started: {why}. It will not run later.",
-            )
+            self._end(run_id, payload, not_started(payload.call.name, why))
 
     def _note_server(self) -> None:
         """Take the server's id as the baseline before the first publish: a restart any time after
@@ -537,10 +520,12 @@ class Engine:
                 self._redrive(run_id, p, now)
             else:
                 self.ledger.give_up(run_id, p.send.payload.call.id)
-                self._give_up(run_id, p.send.payload, "lost",
-                              f"Tool {p.send.payload.call.name!r} may or may not have run: the "
-                              "store lost its data while the call was in flight, and the tool is "
-                              "not read-only or idempotent, so it was not sent again.")
+                self._end(run_id, p.send.payload, Outcome(
+                    "lost",
+                    f"Tool {p.send.payload.call.name!r} may or may not have run: the store lost its "
+                    "data while the call was in flight, and the tool is not read-only or idempotent, "
+                    "so it was not sent again.",
+                ))
 
     def _redrive(self, run_id: str, p: _Pending, now: float) -> None:
         payload = p.send.payload
@@ -548,12 +533,9 @@ class Engine:
         p.suspect = None
         if p.redrives > payload.max_attempts + MAX_LOST_RUNS + 1:
             self.ledger.give_up(run_id, payload.call.id)  # the copies sent meanwhile must not run
-            self._give_up(
-                run_id,
-                payload,
-                "lost",
-                f"Tool {payload.call.name!r} could not finish: the workers running it kept dying.",
-            )
+            self._end(run_id, payload, Outcome(
+                "lost", f"Tool {payload.call.name!r} could not finish: the workers running it kept dying."
+            ))
             return
         log.warning("call %s/%s lost its worker; sending it again", run_id, payload.call.id)
         p.published, p.queue_deadline = now, now + self.limits.queue_wait_secs
@@ -576,13 +558,7 @@ class Engine:
         with self._lock:
             left = list(self._pending.items())
         for (run_id, _), p in left:
-            self._give_up(
-                run_id,
-                p.send.payload,
-                "lost",
-                f"Tool {p.send.payload.call.name!r} did not report back: its dispatcher was closed "
-                "while the call was in flight. It may still run.",
-            )
+            self._end(run_id, p.send.payload, closed_in_flight(p.send.payload.call.name))
 
 
 def _redis_publisher(app: Any, settings: Settings) -> RedisPublisher | None:

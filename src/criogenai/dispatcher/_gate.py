@@ -10,7 +10,6 @@ engine returns their stored results. After the turn, every result goes through `
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,18 +28,9 @@ T = TypeVar("T")
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run the gate's coroutine for ``run_turn_sync``: on a loop of its own (a thread's if this
-    thread already runs one). Async hooks are bounded by ``HOOK_TIMEOUT_SECS``; sync ones run as written."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        in_loop = False
-    else:
-        in_loop = True
-    if not in_loop:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="criogenai-hooks") as pool:
-        return pool.submit(asyncio.run, coro).result()
+    """Run the gate's coroutine for ``run_turn_sync`` (which refuses to run on a running loop) on a
+    loop of its own. Async hooks are bounded by ``HOOK_TIMEOUT_SECS``; sync ones run as written."""
+    return asyncio.run(coro)
 
 
 @dataclass

@@ -27,15 +27,19 @@ from dataclasses import dataclass, field
 
 from .._config import Limits
 from .._loop import GreenletRunner
-from .._message import hard_limit_secs
 from .._signing import refusal
-from .._wire import ToolResult, ToolStatus, ToolTask
+from .._wire import ToolResult, ToolTask
 from ..runner._executor import CallStop, execute
 from ..runner._outcomes import (
     Outcome,
+    budget_secs,
     cancelled_before_start,
+    closed_in_flight,
+    ended,
     filed_result,
+    gave_no_result,
     not_admitted,
+    not_started,
     refused_result,
     retry_delay,
     too_many_runs,
@@ -73,17 +77,6 @@ class _Call:
     turn: _Turn
     final_deadline: float
     """Monotonic time past which the call is given up as ``lost`` (a worker's bound, plus slack)."""
-
-
-def _budget_secs(p: ToolTask, limits: Limits) -> float:
-    """The longest a call may take from submit to result: the wait for a slot and every attempt."""
-    per_attempt = hard_limit_secs(p.timeout_secs) + p.max_backoff_secs
-    return limits.queue_wait_secs + p.max_attempts * per_attempt + 10
-
-
-def _ended(payload: ToolTask, status: ToolStatus, text: str) -> ToolResult:
-    call = payload.call
-    return ToolResult(call_id=call.id, name=call.name, run_id=payload.run_id, status=status, content=text)
 
 
 class InProcessEngine:
@@ -155,7 +148,7 @@ class InProcessEngine:
 
     def _launch(self, run_id: str, turn: _Turn, sends: list[Send]) -> None:
         now = time.monotonic()
-        calls = [_Call(s, turn, now + _budget_secs(s.payload, self.limits)) for s in sends]
+        calls = [_Call(s, turn, now + budget_secs(s.payload, self.limits.queue_wait_secs)) for s in sends]
         with self._lock:
             closed = self._closed
             if not closed:
@@ -169,7 +162,7 @@ class InProcessEngine:
 
     def _refuse(self, run_id: str, turn: _Turn, send: Send, why: str) -> None:
         outcome = not_admitted(send.payload.call.name, why, self.limits.queue_wait_secs)
-        self._settle(turn, _ended(send.payload, outcome.status, outcome.content))
+        self._settle(turn, ended(send.payload, outcome))
 
     def cancel(self, run_id: str) -> None:
         """Cancel a run: calls not started never run, running ones are told to stop now."""
@@ -204,12 +197,11 @@ class InProcessEngine:
             result = self._attempt(c)
         except Exception as exc:
             log.exception("call %s/%s: the embedded engine failed", payload.run_id, payload.call.id)
-            result = _ended(
-                payload,
+            result = ended(payload, Outcome(
                 "lost",
                 f"Tool {payload.call.name!r} gave no result: the embedded engine failed "
                 f"({type(exc).__name__}); the call may or may not have run.",
-            )
+            ))
         if result is not None:
             self._answer(c, result)
 
@@ -284,14 +276,10 @@ class InProcessEngine:
             self._later(BUSY_RECHECK_SECS, c)
             return None
         if kind == "cancelled":
-            return _ended(payload, "cancelled", cancelled_before_start(call.name).content)
+            return ended(payload, cancelled_before_start(call.name))
         log.warning("call %s/%s not run: %s", run_id, call.id, kind)
-        return _ended(
-            payload,
-            "not_started",
-            f"Tool {call.name!r} was not started: no worker was free within "
-            f"{self.limits.queue_wait_secs:g} s. It will not run later.",
-        )
+        why = f"no worker was free within {self.limits.queue_wait_secs:g} s"
+        return ended(payload, not_started(call.name, why))
 
     def _file(self, payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
         """File the result under its run; a result filed first (by another run) wins."""
@@ -362,11 +350,7 @@ class InProcessEngine:
             self.ledger.give_up(payload.run_id, payload.call.id)
             self._answer(
                 c,
-                _ended(
-                    payload,
-                    "lost",
-                    f"Tool {payload.call.name!r} gave no result in time; the call may or may not have run.",
-                ),
+                ended(payload, gave_no_result(payload.call.name)),
             )
 
     def close(self) -> None:
@@ -384,10 +368,5 @@ class InProcessEngine:
             payload = c.send.payload
             self._answer(
                 c,
-                _ended(
-                    payload,
-                    "lost",
-                    f"Tool {payload.call.name!r} gave no result: its dispatcher was closed while the "
-                    "call was in flight; the call may or may not have run.",
-                ),
+                ended(payload, closed_in_flight(payload.call.name)),
             )

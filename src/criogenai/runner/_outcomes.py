@@ -14,6 +14,7 @@ from typing import Any
 from .._config import backoff_secs
 from .._errors import CallFailed
 from .._keys import MAX_LOST_RUNS
+from .._message import hard_limit_secs
 from .._wire import OnToolException, ToolResult, ToolStatus, ToolTask
 from ..tools import ToolRegistry, cut
 
@@ -147,6 +148,40 @@ def unexpected(name: str, exc: BaseException, policy: OnToolException, duration:
 
 
 # -- the result a worker or the embedded engine files for a call ----------------------------------
+
+
+def not_started(name: str, why: str) -> Outcome:
+    """A call no worker took: given up by its dispatcher, and made unclaimable."""
+    return Outcome("not_started", f"Tool {name!r} was not started: {why}. It will not run later.")
+
+
+def gave_no_result(name: str) -> Outcome:
+    """A call past its whole budget without a result: given up, and made unclaimable."""
+    return Outcome("lost", f"Tool {name!r} gave no result in time; the call may or may not have run.")
+
+
+def closed_in_flight(name: str) -> Outcome:
+    """A call in flight when its dispatcher closed: it may finish unobserved, filed under its run."""
+    return Outcome(
+        "lost",
+        f"Tool {name!r} gave no result: its dispatcher was closed while the call was in flight. "
+        "It may or may not have run, and may still.",
+    )
+
+
+def ended(payload: ToolTask, outcome: Outcome) -> ToolResult:
+    """The result a dispatcher gives for a call it ends itself (nothing of it ran there)."""
+    call = payload.call
+    return ToolResult(
+        call_id=call.id, name=call.name, run_id=payload.run_id, status=outcome.status, content=outcome.content
+    )
+
+
+def budget_secs(payload: ToolTask, queue_wait_secs: float, slack_secs: float = 10.0) -> float:
+    """The longest a call may take from submit to result: its wait for a worker, every attempt
+    with its backoff, and ``slack_secs`` (an engine's own bookkeeping)."""
+    per_attempt = hard_limit_secs(payload.timeout_secs) + payload.max_backoff_secs
+    return queue_wait_secs + payload.max_attempts * per_attempt + slack_secs
 
 
 def call_result(payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
