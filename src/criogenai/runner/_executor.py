@@ -95,6 +95,9 @@ def _interrupt_this_thread() -> Callable[[], None]:
 
 _EXPIRED = object()
 
+CANCEL_GRACE_SECS = 1.0
+"""How long a thread that stopped an async tool waits for the tool's own cancellation handling."""
+
 _RUNTIME_EXITS = (GeneratorExit, greenlet.GreenletExit)
 """The runtime's own ways to unwind a call (a closed coroutine, a greenlet killed at exit); every
 other exception a tool raises, ``SystemExit`` and ``BaseException`` subclasses included, is the
@@ -302,7 +305,15 @@ def _await_on_this_loop(coro: Any, timeout: float, stop: CallStop | None) -> Any
 
 def _await_from_thread(coro: Any, timeout: float, stop: CallStop | None) -> Any:
     """From a thread: run the tool's coroutine on the process loop and block until it ends."""
-    future = asyncio.run_coroutine_threadsafe(coro, _loop.ProcessLoop.get())
+    ended = threading.Event()
+
+    async def run() -> Any:
+        try:
+            return await coro
+        finally:
+            ended.set()
+
+    future = asyncio.run_coroutine_threadsafe(run(), _loop.ProcessLoop.get())
     if stop is not None:
         stop.arm(future.cancel)  # its callback cancels the coroutine's task on the loop
     try:
@@ -318,7 +329,10 @@ def _await_from_thread(coro: Any, timeout: float, stop: CallStop | None) -> Any:
             raise _Cancelled from None
         raise
     except BaseException:
-        future.cancel()  # a soft limit arrived in this (waiting) thread: stop the coroutine too
+        # A soft limit arrived in this (waiting) thread: stop the coroutine too, and give its own
+        # cancellation handling a moment to end before the call's outcome is filed.
+        future.cancel()
+        ended.wait(CANCEL_GRACE_SECS)
         raise
     finally:
         if stop is not None:
