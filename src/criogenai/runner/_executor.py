@@ -328,11 +328,13 @@ def _await_from_thread(coro: Any, timeout: float, stop: CallStop | None) -> Any:
         if stop is not None and stop.requested:
             raise _Cancelled from None
         raise
-    except BaseException:
-        # A soft limit arrived in this (waiting) thread: stop the coroutine too, and give its own
-        # cancellation handling a moment to end before the call's outcome is filed.
+    except BaseException as exc:
         future.cancel()
-        ended.wait(CANCEL_GRACE_SECS)
+        if not isinstance(exc, _TimedOut):
+            # A soft limit arrived in this (waiting) thread: give the coroutine's own cancellation
+            # handling a moment to end before the call's outcome is filed. (Past the hard limit
+            # the coroutine is abandoned at once: it ignores cancellation or blocks the loop.)
+            ended.wait(CANCEL_GRACE_SECS)
         raise
     finally:
         if stop is not None:
