@@ -7,7 +7,6 @@ thread (the engine's and the tool's own) gets the run id, call id and tool; when
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 import sys
@@ -16,16 +15,13 @@ from typing import Any
 
 from celery import Celery, signals
 
-from ._keys import TASK_NAME
-from .runner._outcomes import call_report
+from ._wire import ToolResult, ToolTask
+from .runner import CallObserver, current_call
+from .runner._outcomes import Outcome
 
 FIELDS = ("run_id", "call_id", "tool", "attempt", "status", "duration_secs", "task_id", "worker")
 """Record attributes copied into the JSON object when present."""
 
-_current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "criogenai_call", default=None
-)
-"""The running call's fields: per thread, and per greenlet (calls on the threads pool share one)."""
 log = logging.getLogger("criogenai.calls")
 
 
@@ -53,7 +49,7 @@ class CallContext(logging.Filter):
     """Adds the running call's ids to records logged while it runs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for name, value in (_current.get() or {}).items():
+        for name, value in current_call().items():
             if getattr(record, name, None) is None:
                 setattr(record, name, value)
         return True
@@ -67,8 +63,9 @@ def json_handler(level: str | int = "INFO") -> logging.Handler:
     return handler
 
 
-def install_json_logging(app: Celery, level: str = "INFO") -> None:
-    """Send every log record of this process (and its pool children) to stderr as JSON lines."""
+def install_json_logging(app: Celery, level: str = "INFO") -> CallLog:
+    """Send every log record of this process (and its pool children) to stderr as JSON lines;
+    returns the observer that logs each call's end (the worker gives it to its runner)."""
     handler = json_handler(level)
 
     @signals.setup_logging.connect(weak=False)  # type: ignore[untyped-decorator]
@@ -79,36 +76,17 @@ def install_json_logging(app: Celery, level: str = "INFO") -> None:
 
     _setup()
     logging.captureWarnings(True)  # Python's warnings as JSON records too
-    _track_calls(app)
+    return CallLog()
 
 
-def _call_fields(kwargs: Any) -> dict[str, Any]:
-    body = (kwargs or {}).get("task") if isinstance(kwargs, dict) else None
-    call = body.get("call") if isinstance(body, dict) else None
-    if not isinstance(body, dict) or not isinstance(call, dict):
-        return {}
-    return {"run_id": body.get("run_id"), "call_id": call.get("id"), "tool": call.get("name")}
+class CallLog(CallObserver):
+    """One ``call finished`` record per delivery that ends a call or sends it to run again."""
 
+    def run_ended(self, payload: ToolTask, outcome: Outcome, attempt: int, retry_in: float | None) -> None:
+        if retry_in is not None:
+            log.info("call finished", extra={"status": "retry", "attempt": attempt,
+                                             "duration_secs": outcome.duration_secs})
 
-def _track_calls(app: Celery) -> None:
-    @signals.task_prerun.connect(weak=False)  # type: ignore[untyped-decorator]
-    def _started(sender: Any = None, task_id: str = "", kwargs: Any = None, **_: Any) -> None:
-        if getattr(sender, "name", None) == TASK_NAME and getattr(sender, "app", None) is app:
-            _current.set({**_call_fields(kwargs), "task_id": task_id})
-
-    @signals.task_postrun.connect(weak=False)  # type: ignore[untyped-decorator]
-    def _ended(sender: Any = None, retval: Any = None, state: str = "", **_: Any) -> None:
-        if getattr(sender, "name", None) != TASK_NAME or getattr(sender, "app", None) is not app:
-            return
-        try:
-            extra: dict[str, Any] = {"status": (state or "").lower() or None}
-            report = call_report(retval)
-            if report is not None:
-                extra = {
-                    "status": report.status,
-                    "attempt": report.attempts,
-                    "duration_secs": report.duration_secs,
-                }
-            log.info("call finished", extra=extra)
-        finally:
-            _current.set(None)
+    def call_ended(self, payload: ToolTask, result: ToolResult) -> None:
+        log.info("call finished", extra={"status": result.status, "attempt": result.attempts,
+                                         "duration_secs": result.duration_secs or 0.0})

@@ -23,7 +23,9 @@ from celery import Celery, signals
 
 from ._errors import ConfigurationError
 from ._keys import TASK_NAME
-from .runner._outcomes import call_report
+from ._wire import ToolResult, ToolTask
+from .runner import CallObserver
+from .runner._outcomes import Outcome
 
 SENT_AT_HEADER = "crg_sent_at"
 """Message header: Unix time from which the call could start (publish time, or a retry's ETA)."""
@@ -70,14 +72,13 @@ def _multiprocess_dir() -> str:
     return path
 
 
-class WorkerMetrics:
+class WorkerMetrics(CallObserver):
     """The metric objects; created once per worker, before the pool forks."""
 
     def __init__(self, tools: Iterable[str]) -> None:
         from prometheus_client import Counter, Histogram
 
         self.tools = frozenset(tools)
-        self._app: Celery | None = None
         self.calls = Counter(
             "criogenai_calls", "Calls that ended on this worker, by tool and status.", ["tool", "status"]
         )
@@ -100,49 +101,25 @@ class WorkerMetrics:
             ["tool", "reason"],
         )
 
-    def tool(self, name: Any) -> str:
+    def tool(self, name: str) -> str:
         return name if isinstance(name, str) and name in self.tools else OTHER_TOOL
 
-    def connect(self, app: Celery) -> None:
-        """Record from Celery's task signals, in whichever process runs the task."""
-        self._app = app
-        signals.task_prerun.connect(self._started, weak=False)
-        signals.task_postrun.connect(self._ended, weak=False)
-        signals.task_failure.connect(self._failed, weak=False)
+    def run_started(self, payload: ToolTask, attempt: int, queued_secs: float | None) -> None:
+        if queued_secs is not None:
+            self.queue_wait.labels(self.tool(payload.call.name)).observe(queued_secs)
 
-    def _ours(self, sender: Any) -> bool:
-        return getattr(sender, "name", None) == TASK_NAME and getattr(sender, "app", None) is self._app
+    def run_ended(self, payload: ToolTask, outcome: Outcome, attempt: int, retry_in: float | None) -> None:
+        if retry_in is not None:
+            self.retries.labels(self.tool(payload.call.name)).inc()
 
-    def _started(self, sender: Any = None, kwargs: Any = None, **_: Any) -> None:
-        if not self._ours(sender):
-            return
-        sent_at = sender.request.get(SENT_AT_HEADER)
-        if isinstance(sent_at, int | float):
-            self.queue_wait.labels(self.tool(_tool_name(kwargs))).observe(max(0.0, time.time() - sent_at))
+    def call_ended(self, payload: ToolTask, result: ToolResult) -> None:
+        name = self.tool(payload.call.name)
+        self.calls.labels(name, result.status).inc()
+        self.duration.labels(name).observe(result.duration_secs or 0.0)
 
-    def _ended(
-        self, sender: Any = None, kwargs: Any = None, retval: Any = None, state: str = "", **_: Any
-    ) -> None:
-        if not self._ours(sender):
-            return
-        name = self.tool(_tool_name(kwargs))
-        if state == "RETRY":
-            self.retries.labels(name).inc()
-        elif (report := call_report(retval)) is not None:
-            self.calls.labels(name, report.status).inc()
-            self.duration.labels(name).observe(report.duration_secs)
-
-    def _failed(self, sender: Any = None, exception: Any = None, kwargs: Any = None, **_: Any) -> None:
-        # Seen in the main process when a call's child died or hit its hard limit.
-        reason = type(exception).__name__
-        if self._ours(sender) and reason in ("WorkerLostError", "TimeLimitExceeded"):
-            self.lost.labels(self.tool(_tool_name(kwargs)), reason).inc()
-
-
-def _tool_name(kwargs: Any) -> Any:
-    body = kwargs.get("task") if isinstance(kwargs, dict) else None
-    call = body.get("call") if isinstance(body, dict) else None
-    return call.get("name") if isinstance(call, dict) else None
+    def process_lost(self, payload: ToolTask, reason: str) -> None:
+        # In the main process: a call's child died or was killed at its hard limit.
+        self.lost.labels(self.tool(payload.call.name), reason).inc()
 
 
 PRIORITY_SEP = "\x06\x16"
@@ -217,5 +194,4 @@ def serve_metrics(
         start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise ConfigurationError(f"cannot serve metrics on port {port}: {exc}") from exc
-    metrics.connect(app)
     return metrics

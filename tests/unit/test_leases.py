@@ -10,7 +10,7 @@ import time
 import pytest
 
 from criogenai.store._ledger import MemoryLedger
-from criogenai.worker._leases import LeaseKeeper
+from criogenai.runner._leases import LeaseKeeper
 
 
 def test_a_held_claim_outlives_its_lease_while_renewed() -> None:

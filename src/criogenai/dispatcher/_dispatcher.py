@@ -205,9 +205,8 @@ class Dispatcher:
         """
         from .._results import full_text
 
-        # Embedded, results never leave this process and are not signed.
-        secret = None if self.settings.embedded else self.settings.signing_secret
-        return full_text(self._start().ledger, run_id, call_id, secret=secret)
+        # Both engines' runners sign what they file when there is a secret.
+        return full_text(self._start().ledger, run_id, call_id, secret=self.settings.signing_secret)
 
     def _prepare(
         self, calls: Sequence[CallLike], run_id: str | None

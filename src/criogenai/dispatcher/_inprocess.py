@@ -1,13 +1,12 @@
 """The embedded engine: runs a turn's calls in this process, without Celery or a broker.
 
-It has the fleet engine's interface (``submit``, ``ledger``, ``reply_to``, ``close``) and runs each
-call as a worker does, step for step: the signature check, the ledger's claim (a finished call
-never runs again), ``_executor.execute`` (time limit, sync or async, ToolError, cut, exception
-policy), retries with backoff for read-only and idempotent tools, and the result filed under its
-run. Calls run as greenlets on the caller's event loop (``await run_turn``; the process's loop for
-``run_turn_sync``): an async tool is awaited there, a sync one runs on a tool thread the greenlet
-waits for without holding one; one more thread renews claims,
-starts retries when due, and gives up on calls past their bound, so that every call ends with a result.
+It has the fleet engine's interface (``submit``, ``ledger``, ``reply_to``, ``close``) and hands
+each delivery of a call to the same runner a worker uses (``runner._call``: signature check,
+claim, time limit, retries for read-only and idempotent tools, filing); it only adapts the
+runner's steps, as its table says. Calls run as greenlets on the caller's event loop (``await
+run_turn``; the process's loop for ``run_turn_sync``): an async tool is awaited there, a sync one
+runs on a tool thread the greenlet waits for without holding one. One more thread starts retries
+when due and gives up on calls past their bound, so that every call ends with a result.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import heapq
 import itertools
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -27,26 +25,19 @@ from dataclasses import dataclass, field
 
 from .._config import Limits
 from .._loop import GreenletRunner
-from .._signing import refusal
-from .._wire import ToolResult, ToolTask
-from ..runner._executor import CallStop, execute
+from .._wire import ToolResult
+from ..runner import Answered, CallRunner, Delivery, Refused, RunAgain, StoreAway
 from ..runner._outcomes import (
     Outcome,
     budget_secs,
-    cancelled_before_start,
     closed_in_flight,
     ended,
-    filed_result,
     gave_no_result,
     not_admitted,
     not_started,
-    refused_result,
-    retry_delay,
-    too_many_runs,
-    unknown_tool_result,
 )
 from ..store import Ledger, MemoryLimiter
-from ..tools import ToolContext, ToolRegistry
+from ..tools import ToolRegistry
 from ._admission import Admission, Send
 
 log = logging.getLogger(__name__)
@@ -56,9 +47,11 @@ SLOTS = 1024
 running call costs a greenlet on the process loop (``_loop``), plus a thread while a sync
 tool runs."""
 WATCH_SECS = 1.0
-"""How often the watch thread looks for calls past their bound (and renews claims)."""
+"""How often the watch thread looks for calls past their bound."""
 BUSY_RECHECK_SECS = 0.25
 """How soon a call held by another run of the same turn is looked at again."""
+STORE_RECHECK_SECS = 1.0
+"""How soon a call whose claim the ledger did not answer is tried again."""
 
 
 @dataclass
@@ -94,19 +87,18 @@ class InProcessEngine:
         self.registry = registry
         self.ledger = ledger
         self.limits = limits
-        self.signing_secret = signing_secret
-        """With a secret, only calls signed with it run, as on a worker; without, signatures are ignored."""
+        self.runner = CallRunner(
+            registry, ledger, host="embedded", signing_secret=signing_secret, replies=False
+        )
+        """Runs each delivery as a worker's does; with a secret, only calls signed with it run."""
         self.reply_to = f"{prefix}:reply:embedded-{uuid.uuid4().hex}"
         """Carried in each call's task, as the fleet's; results come back directly, not through it."""
-        self.token = f"embedded:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._slots = GreenletRunner(SLOTS)
         self._on_loops: dict[asyncio.AbstractEventLoop, GreenletRunner] = {}
         """Runners on the callers' loops; a closed loop's is dropped at the next start."""
         self._lock = threading.Condition()
         self._calls: set[_Call] = set()
         """Calls submitted and not answered yet (the watch gives up on them past their bound)."""
-        self._held: dict[tuple[str, str], CallStop] = {}
-        """Calls running now, with the way to stop each (their claims are renewed)."""
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._closed = False
@@ -169,10 +161,7 @@ class InProcessEngine:
         self.ledger.cancel(run_id)
         for turn, s in self._admission.withdraw(run_id):
             self._refuse(run_id, turn, s, "cancelled")
-        with self._lock:
-            running = [stop for (run, _), stop in self._held.items() if run == run_id]
-        for stop in running:
-            stop.cancel()
+        self.runner.leases.stop_run(run_id)
 
     def _start(self, c: _Call) -> None:
         if self._closed:  # close() answers for the call
@@ -206,66 +195,30 @@ class InProcessEngine:
             self._answer(c, result)
 
     def _attempt(self, c: _Call) -> ToolResult | None:
-        """One delivery of the call: its result, or None when it runs again later (a retry)."""
+        """One delivery of the call through the runner: its result, or None when it runs again later."""
         payload = c.send.payload
-        call, run_id = payload.call, payload.run_id
-        why = refusal(payload, self.signing_secret)
-        if why is not None:
-            log.error("refused call %s/%s (tool %r): %s; nothing ran", run_id, call.id, call.name, why)
-            result = refused_result(payload, why)
-            self.ledger.finish(result, run_id, "refused", None, done=False)
-            return result
-        tool = self.registry.get(call.name)
-        if tool is None:
-            result = unknown_tool_result(payload, self.registry)
-            self.ledger.finish(result, run_id, "refused", None, done=True)
-            return result
-        claim = self.ledger.claim(run_id, call.id, self.token, payload.deadline)
-        if claim.kind != "claimed":
-            return self._not_claimed(c, claim.kind)
-        attempt = claim.attempt
-        lost = too_many_runs(payload, attempt)
-        if lost is not None:
-            return self._file(payload, lost, attempt)
         # The tool gets its own copy of the arguments, as decoded from a message on a worker.
-        arguments = json.loads(json.dumps(call.arguments))
-        stop = CallStop()
-        ctx = ToolContext(
-            call_id=call.id,
-            run_id=run_id,
-            tool_name=call.name,
-            attempt=attempt,
-            scope=payload.scope,
-            cancel_event=stop.event,
-        )
-        with self._lock:
-            self._held[(run_id, call.id)] = stop
+        arguments = json.loads(json.dumps(payload.call.arguments))
+        own = payload.model_copy(update={"call": payload.call.model_copy(update={"arguments": arguments})})
         try:
-            outcome = execute(
-                tool,
-                arguments,
-                ctx,
-                timeout_secs=payload.timeout_secs,
-                on_tool_exception=payload.on_tool_exception,
-                max_result_chars=payload.max_result_chars,
-                max_stored_chars=payload.max_stored_chars,
-                stop=stop,
-            )
-        finally:
-            with self._lock:
-                self._held.pop((run_id, call.id), None)
-        log.info(
-            "call %s/%s tool=%s attempt=%d status=%s duration=%.3fs",
-            run_id, call.id, call.name, attempt, outcome.status, outcome.duration_secs,
-        )
-        delay = retry_delay(payload, outcome, attempt)
-        if delay is not None:
-            self.ledger.await_retry(run_id, call.id, self.token, delay)
-            self._later(delay, c)
+            step = self.runner.run(Delivery(own))
+        except StoreAway as away:
+            if away.stage == "claim":  # nothing ran: try again in a moment, within the call's bound
+                self._later(STORE_RECHECK_SECS, c)
+                return None
+            return ended(payload, Outcome(
+                "lost", f"Tool {payload.call.name!r} gave no result: its result could not be filed "
+                "(the ledger did not answer); the call ran.",
+            ))
+        if isinstance(step, Answered | Refused):
+            return step.result
+        if isinstance(step, RunAgain):
+            self._later(step.delay, c)
             return None
-        return self._file(payload, outcome, attempt)
+        return self._not_run(c, step.kind)
 
-    def _not_claimed(self, c: _Call, kind: str) -> ToolResult | None:
+    def _not_run(self, c: _Call, kind: str) -> ToolResult | None:
+        """The engine is the call's dispatcher too: it answers for a call this delivery did not run."""
         payload = c.send.payload
         call, run_id = payload.call, payload.run_id
         if kind == "done":
@@ -275,18 +228,8 @@ class InProcessEngine:
         if kind == "busy":  # another run of this turn holds it: its result will be filed
             self._later(BUSY_RECHECK_SECS, c)
             return None
-        if kind == "cancelled":
-            return ended(payload, cancelled_before_start(call.name))
-        log.warning("call %s/%s not run: %s", run_id, call.id, kind)
         why = f"no worker was free within {self.limits.queue_wait_secs:g} s"
         return ended(payload, not_started(call.name, why))
-
-    def _file(self, payload: ToolTask, outcome: Outcome, attempts: int) -> ToolResult:
-        """File the result under its run; a result filed first (by another run) wins."""
-        result, done = filed_result(payload, outcome, attempts)
-        if self.ledger.finish(result, payload.run_id, self.token, None, done=done):
-            return result
-        return self.ledger.finished(payload.run_id, [payload.call.id]).get(payload.call.id, result)
 
     def _answer(self, c: _Call, result: ToolResult) -> None:
         with self._lock:
@@ -337,14 +280,7 @@ class InProcessEngine:
 
     def _watch(self, now: float) -> None:
         with self._lock:
-            held = [(run, call, self.token) for run, call in self._held]
             overdue = [c for c in self._calls if now > c.final_deadline]
-        if held:
-            for key in self.ledger.renew(held).cancelled:  # cancelled through the ledger, not here
-                with self._lock:
-                    stop = self._held.get(key)
-                if stop is not None:
-                    stop.cancel()
         for c in overdue:
             payload = c.send.payload
             self.ledger.give_up(payload.run_id, payload.call.id)
@@ -362,6 +298,7 @@ class InProcessEngine:
         for run_id, turn, s in self._admission.close():
             self._refuse(run_id, turn, s, "closed")
         self._watcher.join(timeout=5)
+        self.runner.leases.close()
         with self._lock:  # taken last: admission may have launched calls until it stopped
             left = list(self._calls)
         for c in left:

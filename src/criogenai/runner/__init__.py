@@ -1,3 +1,20 @@
-"""The call runner's parts, shared by the worker's Celery task and the embedded engine: the
-executor (one attempt of a call: context, time limit, cancel, outcome) and the outcomes and
-results a call is filed with. It imports neither side, and no Celery."""
+"""The call runner, shared by the worker's Celery task and the embedded engine: one delivery of a
+call from refusal check to filing (``_call``), one attempt of it (``_executor``), the outcomes and
+results it is filed with (``_outcomes``), the leases of running calls (``_leases``) and what
+observers are told (``_observe``). It imports neither side, and no Celery."""
+
+from ._call import Answered, CallRunner, Delivery, NotRun, Refused, RunAgain, Step, StoreAway
+from ._observe import CallObserver, current_call
+
+__all__ = [
+    "Answered",
+    "CallObserver",
+    "CallRunner",
+    "Delivery",
+    "NotRun",
+    "Refused",
+    "RunAgain",
+    "Step",
+    "StoreAway",
+    "current_call",
+]

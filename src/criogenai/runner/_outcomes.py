@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._config import backoff_secs
-from .._errors import CallFailed
 from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs
 from .._wire import OnToolException, ToolResult, ToolStatus, ToolTask
@@ -23,9 +22,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CallReport:
-    """What a finished call's task returns to Celery's hooks (``task_postrun``) when the ledger
-    keeps Celery's result record itself: small, because Celery takes a ``saferepr`` of every
-    return value, which for the whole result cost more CPU than filing it."""
+    """What a finished call's task returns to Celery when the ledger keeps Celery's result record
+    itself: small, because Celery takes a ``saferepr`` of every return value (for its log line
+    and events), which for the whole result cost more CPU than filing it."""
 
     status: ToolStatus
     attempts: int
@@ -33,23 +32,6 @@ class CallReport:
 
     def __repr__(self) -> str:
         return f"<call {self.status}>"
-
-
-def call_report(retval: Any) -> CallReport | None:
-    """The report in a task's return value: a ``CallReport``, the one a ``CallFailed`` carries, or
-    the result dict Celery stores when the ledger does not write Celery's record."""
-    if isinstance(retval, CallFailed):
-        retval = retval.report
-    if isinstance(retval, CallReport):
-        return retval
-    if isinstance(retval, dict) and isinstance(retval.get("status"), str):
-        duration = retval.get("duration_secs")
-        return CallReport(
-            retval["status"],
-            int(retval.get("attempts") or 0),
-            float(duration) if isinstance(duration, int | float) else 0.0,
-        )
-    return None
 
 
 GENERIC_FAILURE = "The tool failed with an internal error. Its details are not available to you."

@@ -19,6 +19,7 @@ import click
 from celery import Celery, signals
 
 from .._errors import ConfigurationError
+from ..runner import CallObserver
 from ..tools import ToolRegistry
 
 DEFAULT_METRICS_HOST = "127.0.0.1"
@@ -105,14 +106,14 @@ def apply(
     if options.get("log_format") == "json":
         from .._logging import install_json_logging
 
-        install_json_logging(app, level_name)
+        _observe(app, install_json_logging(app, level_name))
         worker.quiet = True  # no banner: every line on the output is JSON
     port = options.get("metrics_port") or 0
     if port:
         from .._metrics import serve_metrics
 
         host = options.get("metrics_host") or DEFAULT_METRICS_HOST
-        serve_metrics(app, int(port), registry.names(), host, broker_url=app.conf.broker_url)
+        _observe(app, serve_metrics(app, int(port), registry.names(), host, broker_url=app.conf.broker_url))
     if options.get("health_port"):
         from ._health import serve_health
 
@@ -122,6 +123,13 @@ def apply(
         from .._tracing import instrument_worker
 
         instrument_worker(_pool_name(options, app))
+
+
+def _observe(app: Celery, observer: CallObserver) -> None:
+    """Have the app's call runner tell ``observer`` of every call (logs, metrics)."""
+    runtime = getattr(app, "criogenai_runtime", None)
+    if runtime is not None:
+        runtime.runner.observers.add(observer)
 
 
 def install(app: Celery, registry: ToolRegistry, redis_url: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Keeps the claims of the calls running in this process alive, and this worker visible.
+"""Keeps the claims of the calls running in this process alive.
 
 A claim's lease runs out unless renewed; if its process dies, renewal stops and the call can be
 run again elsewhere within one lease. One daemon thread per process renews every claim it holds,
@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from .._refusals import ErrorBurst
 from ..store import Ledger
-from ._credentials import stop_if_refused
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +20,10 @@ log = logging.getLogger(__name__)
 class LeaseKeeper:
     """Renews held claims every third of a lease, on one daemon thread started on first use."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, refused: Callable[[BaseException], bool] = lambda _: False) -> None:
         self._ledger = ledger
+        self._refused = refused
+        """Says whether an error is a refusal of credentials, already handled (a worker stops on it)."""
         self._held: dict[tuple[str, str], str] = {}
         self._on_cancel: dict[tuple[str, str], Callable[[], None]] = {}
         self._warned: set[tuple[str, str]] = set()  # held calls already reported as lost
@@ -50,6 +51,17 @@ class LeaseKeeper:
             self._on_cancel.pop((run_id, call_id), None)
             self._warned.discard((run_id, call_id))
 
+    def stop_run(self, run_id: str) -> None:
+        """Tell the calls of ``run_id`` running in this process to stop now (a cancel made here)."""
+        with self._lock:
+            stops = [self._on_cancel.pop(key) for key in list(self._on_cancel) if key[0] == run_id]
+        for stop in stops:
+            stop()
+
+    def close(self) -> None:
+        """Stop renewing (an embedded engine's close): its thread ends within a moment."""
+        self._wake.set()
+
     def reset_after_fork(self) -> None:
         self._held.clear()
         self._on_cancel.clear()
@@ -65,7 +77,7 @@ class LeaseKeeper:
             try:
                 renewal = self._ledger.renew(held)
             except Exception as exc:  # Redis away for a moment: the next round tries again
-                if stop_if_refused(exc):
+                if self._refused(exc):
                     continue
                 self._errors.failed(exc)
                 continue
@@ -91,54 +103,3 @@ class LeaseKeeper:
                         stop()
                     except Exception:
                         log.warning("could not stop call %s/%s", *key, exc_info=True)
-
-
-BeatHook = Callable[[str, list[str], bool], None]
-"""Called with (worker, queues, stop) on every beat and at the stop: the tool catalog's publisher."""
-
-
-class Heartbeat:
-    """Tells dispatchers this worker serves its queues, every few seconds, until stopped."""
-
-    def __init__(
-        self,
-        ledger: Ledger,
-        worker: str,
-        queues: list[str],
-        interval: float = 3.0,
-        also: BeatHook | None = None,
-    ) -> None:
-        self._ledger, self._worker, self._queues = ledger, worker, queues
-        self._interval = interval
-        self._also = also
-        self._stop = threading.Event()
-        self._errors = ErrorBurst(log, "heartbeat failed")
-        self._thread = threading.Thread(target=self._loop, name="criogenai-heartbeat", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        try:
-            self._ledger.heartbeat(self._worker, self._queues, stop=True)
-            if self._also is not None:
-                self._also(self._worker, self._queues, True)
-        except Exception as exc:
-            if not stop_if_refused(exc):  # a refusal was already said once
-                log.warning("could not withdraw worker %s", self._worker, exc_info=True)
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                # The catalog first: a worker seen alive has its tools published already.
-                if self._also is not None:
-                    self._also(self._worker, self._queues, False)
-                self._ledger.heartbeat(self._worker, self._queues)
-                self._errors.ok()
-            except Exception as exc:
-                if stop_if_refused(exc):
-                    return
-                self._errors.failed(exc)
-            if self._stop.wait(self._interval):
-                return
