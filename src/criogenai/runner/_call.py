@@ -70,7 +70,11 @@ class Delivery:
 
     payload: ToolTask
     refusal: str | None = None
-    """The engine's own reason not to run the message (a worker: Celery options criogenai never sends)."""
+    """The engine's own reason not to run the message, checked first (a worker: Celery options
+    criogenai never sends)."""
+    misaddressed: str | None = None
+    """Why the message is not addressed as the call's own (a worker: a task id of its own), checked
+    once its tool is known: a call of a tool nobody has is answered ``unknown_tool`` either way."""
     delivery_id: str | None = None
     """The message's id, for logs (a worker: the Celery task id)."""
     delivery_tag: str | None = None
@@ -190,6 +194,8 @@ class CallRunner:
             self._file(result, payload, "refused", done=True)
             self.observers.call_ended(payload, result)
             return Answered(result)
+        if d.misaddressed is not None:
+            return self._refuse(payload, d.misaddressed, d.delivery_id)
         if payload.max_attempts > 1 and not tool.retryable:
             # The rule holds whoever wrote the message: a tool that is neither read-only nor
             # idempotent runs once.

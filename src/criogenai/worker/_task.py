@@ -101,6 +101,7 @@ class WorkerRuntime:
         delivery = Delivery(
             payload,
             refusal=_celery_refusal(task, payload, signed=self.runner.signing_secret is not None),
+            misaddressed=_foreign_id(task, payload),
             delivery_id=task.request.id,
             delivery_tag=tag,
             sent_at=sent_at if isinstance(sent_at, int | float) else None,
@@ -132,8 +133,8 @@ class WorkerRuntime:
 
 
 def _celery_refusal(task: Task, payload: ToolTask, *, signed: bool) -> str | None:
-    """Why a message must not run that only Celery can carry: follow-up tasks, time limits other
-    than the signed call's, or a task id other than the call's own."""
+    """Why a message must not run that only Celery can carry: follow-up tasks, or time limits
+    other than the signed call's."""
     request = task.request
     if any(getattr(request, name, None) for name in ("callbacks", "errbacks", "chain", "chord")):
         return "the message asks for follow-up tasks, which criogenai never sends"
@@ -145,13 +146,17 @@ def _celery_refusal(task: Task, payload: ToolTask, *, signed: bool) -> str | Non
             for got, want in zip(limits, wanted, strict=False)
         ):
             return "the message's time limits are not the signed call's"
-    expected_id = task_id(payload.run_id, payload.call.id)
-    if request.id != expected_id:
-        # Plain Celery (send_task, a group) with an id of its own: results would be filed, and
-        # Celery's record written, under the call's own id, which the sender would never read.
-        return (f"its task id is not the call's own, criogenai.task_id(run_id, call_id) = "
-                f"{expected_id!r}: send it with that task_id")
     return None
+
+
+def _foreign_id(task: Task, payload: ToolTask) -> str | None:
+    """Plain Celery (send_task, a group) with an id of its own: results would be filed, and
+    Celery's record written, under the call's own id, which the sender would never read."""
+    expected_id = task_id(payload.run_id, payload.call.id)
+    if task.request.id == expected_id:
+        return None
+    return (f"its task id is not the call's own, criogenai.task_id(run_id, call_id) = "
+            f"{expected_id!r}: send it with that task_id")
 
 
 class CallRequest(Request):  # type: ignore[misc]
@@ -168,7 +173,7 @@ class CallRequest(Request):  # type: ignore[misc]
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)
         if not soft and not worker_state.should_terminate:
-            self.runtime.on_process_failure(self.kwargs, hard_limit=True)
+            self.runtime.on_process_failure(self._call_body(), hard_limit=True)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         exc = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback
@@ -178,7 +183,11 @@ class CallRequest(Request):  # type: ignore[misc]
                                                     and not stopped)
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         if lost and not worker_state.should_terminate:
-            self.runtime.on_process_failure(self.kwargs, hard_limit=False)
+            self.runtime.on_process_failure(self._call_body(), hard_limit=False)
+
+    def _call_body(self) -> Any:
+        kwargs = self.kwargs
+        return kwargs.get("task") if isinstance(kwargs, dict) else None
 
 
 def register(app: Celery, runtime: WorkerRuntime) -> None:
