@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from criogenai.store._ledger import MemoryLedger
 from criogenai.runner._leases import LeaseKeeper
+from criogenai.store._ledger import MemoryLedger
 
 
 def test_a_held_claim_outlives_its_lease_while_renewed() -> None:

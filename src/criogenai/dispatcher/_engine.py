@@ -95,6 +95,8 @@ class _Pending:
     redrives: int = 0
     cancel_by: float | None = None
     """Its run was cancelled while it ran: the worker's ``cancelled`` result is due by then."""
+    also: list[_Turn] = field(default_factory=list)
+    """Other turns waiting for this call: its run id was sent again while it was in flight."""
 
 
 def _budget_secs(p: ToolTask, limits: Limits, lease_secs: float) -> float:
@@ -197,20 +199,26 @@ class Engine:
                 return
             now = time.monotonic()
             with self._lock:
-                for s in sends:
-                    budget = _budget_secs(s.payload, self.limits, self.ledger.lease_secs)
-                    self._pending[(run_id, s.payload.call.id)] = _Pending(
-                        s,
-                        turn,
-                        now,
-                        now + self.limits.queue_wait_secs,
-                        now + budget,
-                        now + CHECK_AFTER_SECS,
-                    )
+                sends = [s for s in sends if self._track(run_id, turn, s, now, self.limits.queue_wait_secs)]
             self._send(sends)
         except Exception as exc:
             log.exception("could not publish a turn of run %s", run_id)
             self._not_sent(run_id, turn, sends, exc)
+
+    def _track(self, run_id: str, turn: _Turn, s: Send, now: float, wait_secs: float) -> bool:
+        """Watch the call for ``turn`` (under the lock); False when it is in flight already for
+        another turn of its run (the run id was sent again meanwhile): ``turn`` then waits for
+        that call's result, and nothing is sent again."""
+        key = (run_id, s.payload.call.id)
+        running = self._pending.get(key)
+        if running is not None:
+            running.also.append(turn)
+            return False
+        budget = _budget_secs(s.payload, self.limits, self.ledger.lease_secs)
+        self._pending[key] = _Pending(
+            s, turn, now, now + max(0.0, wait_secs), now + budget, now + CHECK_AFTER_SECS
+        )
+        return True
 
     def _not_sent(self, run_id: str, turn: _Turn, sends: list[Send], exc: Exception) -> None:
         """End calls whose publish failed. A failed round trip may still have delivered some: each
@@ -254,17 +262,8 @@ class Engine:
             return
         now, wall = time.monotonic(), time.time()
         try:
-            with self._lock:
-                for s in sends:
-                    budget = _budget_secs(s.payload, self.limits, self.ledger.lease_secs)
-                    self._pending[(run_id, s.payload.call.id)] = _Pending(
-                        s,
-                        turn,
-                        now,
-                        now + max(0.0, s.payload.deadline - wall),  # the call's wait began before
-                        now + budget,
-                        now + CHECK_AFTER_SECS,
-                    )
+            with self._lock:  # the call's wait for a worker began before admission let it in
+                sends = [s for s in sends if self._track(run_id, turn, s, now, s.payload.deadline - wall)]
             self._send(sends)
         except Exception as exc:
             log.exception("could not publish calls of run %s", run_id)
@@ -392,7 +391,8 @@ class Engine:
         with self._lock:
             pending = self._pending.pop((run_id, result.call_id), None)
             if pending is not None:
-                self._settle(pending.turn, result)
+                for turn in (pending.turn, *pending.also):
+                    self._settle(turn, result)
         if pending is not None:
             self._admission.done(run_id, result.call_id)
 
