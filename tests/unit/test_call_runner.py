@@ -1,0 +1,156 @@
+"""The call runner: one step for each claim kind and each check, the same on the memory ledger
+and on Redis. Both engines adapt these steps (the table in ``runner/_call.py``); the integration
+parity test runs the same scenarios end to end on each engine."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from criogenai import ToolCall, ToolError, tool
+from criogenai._signing import sign
+from criogenai._wire import ToolTask
+from criogenai.runner import Answered, CallRunner, Delivery, NotRun, Refused, RunAgain
+from criogenai.runner._observe import CallObserver, current_call
+from criogenai.store import Ledger, MemoryLedger, RedisLedger
+from criogenai.tools import ToolRegistry
+from tests.conftest import fleet_url
+
+seen_fields: list[dict[str, object]] = []
+
+
+@tool
+def echo(text: str) -> str:
+    """Say it back, noting which call the runner said was running."""
+    seen_fields.append(dict(current_call()))
+    return text
+
+
+@tool(read_only=True)
+def flaky() -> str:
+    """Always fails in a way that may work next time."""
+    raise ToolError("try again", retryable=True)
+
+
+@tool
+def write_once() -> str:
+    """Fails retryably, but writes: may not be retried."""
+    raise ToolError("try again", retryable=True)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def ledger(request: pytest.FixtureRequest) -> Iterator[Ledger]:
+    if request.param == "memory":
+        yield MemoryLedger(lease_secs=5)
+    else:
+        yield RedisLedger(fleet_url(), prefix=f"t{uuid.uuid4().hex[:6]}", lease_secs=5)
+
+
+def task(name: str = "echo", arguments: object = None, **over: object) -> ToolTask:
+    fields: dict[str, object] = {
+        "run_id": uuid.uuid4().hex, "timeout_secs": 5, "max_attempts": 3, "initial_backoff_secs": 0.1,
+        "max_backoff_secs": 1, "jitter": 0, "on_tool_exception": "return_to_model",
+        "max_result_chars": 1000, "deadline": time.time() + 60,
+        "call": ToolCall(id="c1", name=name, arguments={"text": "hi"} if arguments is None else arguments),
+    }
+    return ToolTask.model_validate({**fields, **over})
+
+
+def runner(ledger: Ledger, secret: str | None = None) -> CallRunner:
+    return CallRunner(ToolRegistry([echo, flaky, write_once]), ledger, host="test", signing_secret=secret)
+
+
+def test_a_claimed_call_runs_and_its_result_is_filed(ledger: Ledger) -> None:
+    t = task()
+    seen_fields.clear()
+    step = runner(ledger).run(Delivery(t, delivery_id="d1"))
+    assert isinstance(step, Answered) and (step.result.status, step.result.content) == ("ok", "hi")
+    assert ledger.finished(t.run_id, ["c1"])["c1"].content == "hi"
+    assert seen_fields == [{"run_id": t.run_id, "call_id": "c1", "tool": "echo", "task_id": "d1"}]
+
+
+def test_a_delivery_of_a_finished_call_does_not_run_it(ledger: Ledger) -> None:
+    t = task()
+    r = runner(ledger)
+    r.run(Delivery(t))
+    assert r.run(Delivery(t)) == NotRun("done")
+
+
+def test_a_delivery_of_a_call_another_run_holds_waits_for_it(ledger: Ledger) -> None:
+    t = task()
+    ledger.claim(t.run_id, "c1", "someone-else", t.deadline)
+    assert runner(ledger).run(Delivery(t)) == NotRun("busy")
+
+
+def test_a_delivery_past_its_deadline_or_given_up_does_not_run(ledger: Ledger) -> None:
+    assert runner(ledger).run(Delivery(task(deadline=time.time() - 1))) == NotRun("expired")
+    t = task()
+    ledger.give_up(t.run_id, "c1")
+    assert runner(ledger).run(Delivery(t)) == NotRun("expired")
+
+
+def test_a_delivery_of_a_cancelled_turn_files_cancelled_without_running(ledger: Ledger) -> None:
+    t = task()
+    ledger.cancel(t.run_id)
+    seen_fields.clear()
+    step = runner(ledger).run(Delivery(t))
+    assert isinstance(step, Answered) and step.result.status == "cancelled"
+    assert ledger.finished(t.run_id, ["c1"])["c1"].status == "cancelled"
+    assert seen_fields == []
+
+
+def test_a_retryable_failure_of_a_read_only_tool_runs_again_and_a_writing_tools_does_not(
+    ledger: Ledger,
+) -> None:
+    step = runner(ledger).run(Delivery(task("flaky", {})))
+    assert isinstance(step, RunAgain) and step.delay > 0
+    step = runner(ledger).run(Delivery(task("write_once", {})))
+    assert isinstance(step, Answered) and (step.result.status, step.result.attempts) == ("tool_error", 1)
+
+
+def test_an_unknown_tool_is_answered_and_filed_and_an_unsigned_message_is_refused(ledger: Ledger) -> None:
+    t = task("nope", {})
+    step = runner(ledger).run(Delivery(t))
+    assert isinstance(step, Answered) and step.result.status == "unknown_tool"
+    unsigned = task()
+    step = runner(ledger, secret="s" * 32).run(Delivery(unsigned))
+    assert isinstance(step, Refused) and step.result.status == "not_started"
+    assert ledger.finished(unsigned.run_id, ["c1"]) == {}, "a refused message must file nothing with a secret"
+    signed = sign(task(), "s" * 32)
+    step = runner(ledger, secret="s" * 32).run(Delivery(signed))
+    assert isinstance(step, Answered) and step.result.status == "ok"
+
+
+def test_the_engines_own_refusal_stops_the_call_before_it_runs(ledger: Ledger) -> None:
+    seen_fields.clear()
+    step = runner(ledger).run(Delivery(task(), refusal="asks for follow-up tasks"))
+    assert isinstance(step, Refused) and "follow-up" in step.result.content
+    assert seen_fields == []
+
+
+def test_observers_are_told_of_each_run_and_end_and_one_that_fails_changes_nothing(ledger: Ledger) -> None:
+    told: list[tuple[str, object]] = []
+
+    class Broken(CallObserver):
+        def call_ended(self, payload: ToolTask, result: object) -> None:
+            raise RuntimeError("observer bug")
+
+    class Notes(CallObserver):
+        def run_started(self, payload: ToolTask, attempt: int, queued_secs: float | None) -> None:
+            told.append(("started", attempt))
+
+        def run_ended(self, payload: ToolTask, outcome: object, attempt: int, retry_in: float | None) -> None:
+            told.append(("ended", retry_in is not None))
+
+        def call_ended(self, payload: ToolTask, result: object) -> None:
+            told.append(("call", getattr(result, "status", None)))
+
+    r = runner(ledger)
+    r.observers.add(Broken())
+    r.observers.add(Notes())
+    step = r.run(Delivery(task(), sent_at=time.time() - 1))
+    assert isinstance(step, Answered) and step.result.status == "ok"
+    assert told == [("started", 1), ("ended", False), ("call", "ok")]
