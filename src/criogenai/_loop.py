@@ -17,7 +17,7 @@ import atexit
 import concurrent.futures
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import greenlet
@@ -140,3 +140,25 @@ def pause(secs: float) -> None:
         wait(asyncio.sleep(secs))
     else:
         time.sleep(secs)
+
+
+def refuse_on_a_running_loop(what: str) -> None:
+    """Raise when called on a thread that runs an event loop: waiting there would block the very
+    loop the work may need (an async tool, an ``async def`` handler). ``what`` names the caller."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{what} was called from a running event loop, which it would block: await the "
+                       "async method there instead")
+
+
+def run_sync(coro: Coroutine[Any, Any, T], what: str) -> T:
+    """The one bridge from sync code to a coroutine: run it on a loop of its own, or refuse (and
+    close it) on a thread that runs a loop already (see ``refuse_on_a_running_loop``)."""
+    try:
+        refuse_on_a_running_loop(what)
+    except RuntimeError:
+        coro.close()
+        raise
+    return asyncio.run(coro)

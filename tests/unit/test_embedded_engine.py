@@ -396,7 +396,7 @@ def test_run_turn_sync_on_a_running_loop_refuses_instead_of_blocking_it() -> Non
         with Dispatcher([nap], settings=Settings()) as d:
             d.run_turn_sync([ToolCall(id="c", name="nap", arguments={"seconds": 0})])
 
-    with pytest.raises(RuntimeError, match=r"use `await dispatcher\.run_turn"):
+    with pytest.raises(RuntimeError, match=r"run_turn_sync was called from a running event loop.*await"):
         asyncio.run(main())
 
 

@@ -9,16 +9,16 @@ calls that finished instead of running them again.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._config import Limits, Retry, Settings
 from .._errors import ConfigurationError, ToolError, ToolFailed
+from .._loop import run_sync
 from .._tracing import genai_span
 from .._wire import OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
@@ -108,15 +108,6 @@ def _dispatch_ids(history: Sequence[RunEntry], index: int) -> list[str]:
 
 
 T = TypeVar("T")
-
-
-def _sync(coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise RuntimeError("called from a running event loop: await the async method instead")
 
 
 class Agent:
@@ -210,7 +201,7 @@ class Agent:
 
     def run_sync(self, prompt: str, *, run_id: str | None = None, user: str | None = None) -> RunResult:
         """``run`` for code without an event loop."""
-        return _sync(self.run(prompt, run_id=run_id, user=user))
+        return run_sync(self.run(prompt, run_id=run_id, user=user), "Agent.run_sync")
 
     async def retry(self, run_id: str) -> RunResult:
         """Continue a failed, interrupted or approval-waiting run from its stored messages.
@@ -228,7 +219,7 @@ class Agent:
 
     def retry_sync(self, run_id: str) -> RunResult:
         """``retry`` for code without an event loop."""
-        return _sync(self.retry(run_id))
+        return run_sync(self.retry(run_id), "Agent.retry_sync")
 
     resume = retry
     resume_sync = retry_sync

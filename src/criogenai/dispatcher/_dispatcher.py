@@ -7,10 +7,11 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._config import Limits, Retry, Settings, parse_rate
 from .._errors import ConfigurationError, RemoteToolException, ToolFailed
+from .._loop import refuse_on_a_running_loop, run_sync
 from .._message import hard_limit_secs
 from .._signing import sign
 from .._tracing import note_turn, traced_turn
@@ -20,13 +21,11 @@ from ..store import Ledger, make_ledger
 from ..tools import MCPServer, Tool, ToolRegistry
 from ._admission import Send
 from ._approvals import Approvals
-from ._gate import Gate, run_sync
+from ._gate import Gate
 from ._hooks import AfterHook, BeforeHook
 from ._inprocess import InProcessEngine
+from ._seam import Engine
 from ._validate import ValidCall, check_turn, coerce_calls
-
-if TYPE_CHECKING:
-    from ._engine import Engine
 
 CallLike = ToolCall | Mapping[str, Any]
 
@@ -81,7 +80,7 @@ class Dispatcher:
             after_tool=after_tool,
             max_result_chars=self.limits.max_result_chars,
         )
-        self._engine: Engine | InProcessEngine | None = None
+        self._engine: Engine | None = None
         self._lock = threading.Lock()
 
     def _check_limits(self) -> None:
@@ -97,7 +96,7 @@ class Dispatcher:
 
     # -- the engine, started on first use ---------------------------------------------------------
 
-    def _start(self) -> Engine | InProcessEngine:
+    def _start(self) -> Engine:
         with self._lock:
             if self._engine is None:
                 ledger: Ledger = make_ledger(self.settings)
@@ -175,15 +174,17 @@ class Dispatcher:
         """``run_turn`` for code without an event loop. Called on a thread that runs one (an async
         tool, an ``async def`` handler), it would block that loop, which may be the very one the
         calls need: it raises instead (use ``await run_turn``)."""
-        _not_on_a_running_loop()
+        refuse_on_a_running_loop("run_turn_sync")
         ordered, rid, valid, done = self._prepare(calls, run_id)
         ledger = self._start().ledger if run_id else None
-        turn = run_sync(self._gate.before(rid, valid, done, ledger)) if not self._gate.empty else None
+        name = "run_turn_sync"
+        turn = None if self._gate.empty else run_sync(self._gate.before(rid, valid, done, ledger), name)
         sends = self._sends(turn.valid if turn else valid, rid, tenant, check_scope(scope))
         gathered = self._start().submit(rid, sends, check_finished=run_id is not None).result()
         if turn is None:
             return self._finish(ordered, done, gathered)
-        return self._finish(ordered, {}, run_sync(self._gate.after(turn, ordered, gathered | turn.done)))
+        after = run_sync(self._gate.after(turn, ordered, gathered | turn.done), name)
+        return self._finish(ordered, {}, after)
 
     def cancel(self, run_id: str) -> None:
         """Cancel a run's turn, from any process: calls not started never run, running ones are
@@ -291,10 +292,3 @@ class Dispatcher:
         return results
 
 
-def _not_on_a_running_loop() -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError("run_turn_sync was called from a running event loop, which it would block: "
-                       "use `await dispatcher.run_turn(...)` there")

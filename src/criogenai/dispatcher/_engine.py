@@ -113,7 +113,7 @@ def _limiter_for(ledger: Ledger) -> Limiter:
     return MemoryLimiter(lease)
 
 
-class Engine:
+class FleetEngine:
     """Publishing and gathering for one dispatcher, on two daemon threads."""
 
     def __init__(
@@ -570,11 +570,11 @@ def _redis_publisher(app: Any, settings: Settings) -> RedisPublisher | None:
     return RedisPublisher(app, client)
 
 
-def fleet_engine(settings: Settings, ledger: Ledger, limits: Limits) -> Engine:
+def fleet_engine(settings: Settings, ledger: Ledger, limits: Limits) -> FleetEngine:
     """The engine of a dispatcher with a broker: a Celery app to publish with, on ``ledger``."""
     check_server(ledger, login=False)  # refused logins end calls with the reason
     app = celery_app(settings)
-    return Engine(
+    return FleetEngine(
         app,
         ledger,
         limits,

@@ -9,8 +9,7 @@ engine returns their stored results. After the turn, every result goes through `
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,12 +24,6 @@ from ._hooks import AfterHook, BeforeHook, HookCall, ResultCache, is_async_hook,
 from ._validate import ValidCall, refused
 
 T = TypeVar("T")
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run the gate's coroutine for ``run_turn_sync`` (which refuses to run on a running loop) on a
-    loop of its own. Async hooks are bounded by ``HOOK_TIMEOUT_SECS``; sync ones run as written."""
-    return asyncio.run(coro)
 
 
 @dataclass
