@@ -4,7 +4,7 @@ ToolError                  raised by a tool's author; its message goes to the mo
 CriogenaiError             raised by criogenai to programmers
 ├── ToolDefinitionError    also a TypeError: a tool cannot be defined as written
 ├── ConfigurationError     also a ValueError: a setting is wrong
-├── ToolFailed             a call failed under on_tool_exception="fail"; __cause__ is RemoteToolException
+├── ToolFailed             a call failed under on_tool_exception="fail"; __cause__: the tool's exception
 └── CallFailed             a call's Celery task failed (tool_error, exception, timeout, ...): Celery's view
 
 RemoteToolException        stands in for an exception raised in a worker process
@@ -61,6 +61,8 @@ class ToolFailed(CriogenaiError):
 
     ``code`` is ``"tool_failed"``; ``result`` is the failed call's result (its artifact holds the
     exception), and ``results`` every result of the turn, so finished calls are not lost.
+    ``__cause__`` is the tool's own exception object on the embedded engine; on a fleet it was
+    raised in a worker process, so a ``RemoteToolException`` describes it instead.
     """
 
     code = "tool_failed"

@@ -150,6 +150,29 @@ def test_a_call_that_failed_the_turn_runs_again_when_the_turn_is_run_again() -> 
     assert (RUNS[k], RUNS[k + "b"]) == (1, 2)
 
 
+def test_under_fail_the_turn_fails_caused_by_the_tools_own_exception_object() -> None:
+    """Embedded, the exception a tool raised exists in this process: ``ToolFailed.__cause__`` is
+    that object, with its type and traceback, not a description of it (as a fleet must give)."""
+    k = key()
+
+    async def main() -> BaseException | None:
+        with Dispatcher(TOOLS, settings=Settings(), on_tool_exception="fail") as d:
+            with pytest.raises(ToolFailed) as info:
+                await d.run_turn([ToolCall(id="x", name="boom", arguments={"key": k})])
+            return info.value.__cause__
+
+    for cause in (asyncio.run(main()), _sync_cause(k)):
+        assert type(cause) is RuntimeError and str(cause) == f"broken {k}"
+        assert cause.__traceback__ is not None
+
+
+def _sync_cause(k: str) -> BaseException | None:
+    with Dispatcher(TOOLS, settings=Settings(), on_tool_exception="fail") as d:
+        with pytest.raises(ToolFailed) as info:
+            d.run_turn_sync([ToolCall(id="x", name="boom", arguments={"key": k})])
+        return info.value.__cause__
+
+
 def test_sync_and_async_tools_past_their_limit_time_out() -> None:
     k = key()
     with Dispatcher(TOOLS, settings=Settings(), limits={"tool_timeout_secs": 0.3}) as d:

@@ -24,10 +24,14 @@ from ._approvals import Approvals
 from ._gate import Gate
 from ._hooks import AfterHook, BeforeHook
 from ._inprocess import InProcessEngine
-from ._seam import Engine
+from ._seam import Engine, Gathered
 from ._validate import ValidCall, check_turn, coerce_calls
 
 CallLike = ToolCall | Mapping[str, Any]
+
+
+def _causes(gathered: dict[str, ToolResult]) -> dict[str, BaseException]:
+    return gathered.causes if isinstance(gathered, Gathered) else {}
 
 
 def check_scope(scope: str | None) -> str | None:
@@ -160,7 +164,8 @@ class Dispatcher:
             # Off the event loop: cancelling does a few Redis round trips.
             threading.Thread(target=self.cancel, args=(rid,), name="criogenai-cancel", daemon=True).start()
             raise
-        return self._finish(ordered, {}, await self._gate.after(turn, ordered, gathered | turn.done))
+        after = await self._gate.after(turn, ordered, gathered | turn.done)
+        return self._finish(ordered, {}, after, _causes(gathered))
 
     @traced_turn
     def run_turn_sync(
@@ -182,9 +187,9 @@ class Dispatcher:
         sends = self._sends(turn.valid if turn else valid, rid, tenant, check_scope(scope))
         gathered = self._start().submit(rid, sends, check_finished=run_id is not None).result()
         if turn is None:
-            return self._finish(ordered, done, gathered)
+            return self._finish(ordered, done, gathered, _causes(gathered))
         after = run_sync(self._gate.after(turn, ordered, gathered | turn.done), name)
-        return self._finish(ordered, {}, after)
+        return self._finish(ordered, {}, after, _causes(gathered))
 
     def cancel(self, run_id: str) -> None:
         """Cancel a run's turn, from any process: calls not started never run, running ones are
@@ -271,21 +276,27 @@ class Dispatcher:
         return sign(task, secret) if secret else task
 
     def _finish(
-        self, ordered: list[ToolCall], done: dict[str, ToolResult], gathered: dict[str, ToolResult]
+        self,
+        ordered: list[ToolCall],
+        done: dict[str, ToolResult],
+        gathered: dict[str, ToolResult],
+        causes: dict[str, BaseException],
     ) -> list[ToolResult]:
+        """The turn's results in order; under ``fail``, ``ToolFailed`` for the first exception,
+        caused by the tool's own exception object where it was raised in this process (embedded)
+        and by a ``RemoteToolException`` describing it where it was raised on a worker."""
         results = [done.get(c.id) or gathered[c.id] for c in ordered]
         if self.on_tool_exception == "fail":
             for r in results:
                 if r.status == "exception":
                     info = (r.artifact or {}).get("exception")
                     info = info if isinstance(info, dict) else {}
-                    cause = RemoteToolException(
-                        str(info.get("type", "Exception")),
-                        str(info.get("message", "")),
-                        str(info.get("traceback", "")),
+                    type_name = str(info.get("type", "Exception"))
+                    cause = causes.get(r.call_id) or RemoteToolException(
+                        type_name, str(info.get("message", "")), str(info.get("traceback", ""))
                     )
                     raise ToolFailed(
-                        f"tool {r.name!r} (call {r.call_id}) failed: {cause.type_name}",
+                        f"tool {r.name!r} (call {r.call_id}) failed: {type_name}",
                         result=r,
                         results=results,
                     ) from cause

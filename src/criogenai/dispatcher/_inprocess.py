@@ -39,6 +39,7 @@ from ..runner._outcomes import (
 from ..store import Ledger, MemoryLimiter
 from ..tools import ToolRegistry
 from ._admission import Admission, Send
+from ._seam import Gathered
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class _Turn:
     waiting: int
     loop: asyncio.AbstractEventLoop | None = None
     """The caller's event loop (``await run_turn``): its calls run there, async tools included."""
-    results: dict[str, ToolResult] = field(default_factory=dict)
+    results: Gathered = field(default_factory=Gathered)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -210,6 +211,8 @@ class InProcessEngine:
                 "lost", f"Tool {payload.call.name!r} gave no result: its result could not be filed "
                 "(the ledger did not answer); the call ran.",
             ))
+        if isinstance(step, Answered) and step.error is not None:
+            c.turn.results.causes[payload.call.id] = step.error
         if isinstance(step, Answered | Refused):
             return step.result
         if isinstance(step, RunAgain):

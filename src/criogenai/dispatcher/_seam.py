@@ -12,6 +12,15 @@ from ..store import Ledger
 from ._admission import Send
 
 
+class Gathered(dict[str, ToolResult]):
+    """A turn's results by call id. The embedded engine adds the exceptions its tools raised
+    (``causes``, by call id): they exist in this process, where a fleet can only describe them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.causes: dict[str, BaseException] = {}
+
+
 class Engine(Protocol):
     """What a dispatcher asks of an engine; everything else about running calls is the engine's."""
 

@@ -85,9 +85,11 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class Answered:
-    """The call ended on this delivery with ``result`` (filed, unless another run's came first)."""
+    """The call ended on this delivery with ``result`` (filed, unless another run's came first);
+    ``error`` is the exception the tool raised, for an engine that answers in this process."""
 
     result: ToolResult
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +341,7 @@ class CallRunner:
             # itself, an embedded engine answers its caller with it.
             result = self.ledger.finished(run_id, [call_id]).get(call_id, result)
         self.observers.call_ended(payload, result)
-        return Answered(result)
+        return Answered(result, outcome.error if filed else None)
 
     def _file(
         self, result: ToolResult, payload: ToolTask, token: str | None, *, done: bool,

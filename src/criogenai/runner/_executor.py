@@ -455,5 +455,5 @@ def _unexpected(
             details[field] = cut(details[field], stored_cap).text
     body = cut(out.content, model_cap)
     return Outcome(
-        "exception", body.text, {"exception": details}, body.truncated, duration_secs=duration
+        "exception", body.text, {"exception": details}, body.truncated, duration_secs=duration, error=exc
     )

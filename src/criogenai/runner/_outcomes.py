@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._config import backoff_secs
@@ -47,6 +47,8 @@ class Outcome:
     truncated: bool = False
     retryable: bool = False
     duration_secs: float = 0.0
+    error: BaseException | None = field(default=None, compare=False, repr=False)
+    """The exception the tool raised (``exception``): in this process only, never on the wire."""
 
 
 MAX_NAME_SHOWN = 64
