@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._config import Limits
+from .._keys import Keys
 from .._loop import GreenletRunner
 from .._signing import refusal
 from .._wire import ToolResult, ToolTask
@@ -96,7 +97,7 @@ class InProcessEngine:
         self.limits = limits
         self.signing_secret = signing_secret
         """With a secret, only calls signed with it run, as on a worker; without, signatures are ignored."""
-        self.reply_to = f"{prefix}:reply:embedded-{uuid.uuid4().hex}"
+        self.reply_to = Keys(prefix).reply(f"embedded-{uuid.uuid4().hex}")
         """Carried in each call's task, as the fleet's; results come back directly, not through it."""
         self.token = f"embedded:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._slots = GreenletRunner(SLOTS)

@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 from celery.worker.request import Request
 from pydantic import ValidationError
 
-from .._errors import CallFailed
+from .._errors import CallFailed, StoreUnavailable
 from .._keys import TASK_NAME, task_id
 from .._loop import pause
 from .._message import hard_limit_secs, send_call, shown_options
@@ -42,7 +42,7 @@ from ..runner._outcomes import (
     too_many_runs,
     unknown_tool_result,
 )
-from ..store import UNREACHABLE, Claim, Ledger
+from ..store import Claim, Ledger
 from ..tools import ToolContext, ToolRegistry
 from ._credentials import stop_if_refused
 from ._leases import BeatHook, Heartbeat, LeaseKeeper
@@ -287,7 +287,7 @@ class WorkerRuntime:
             claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
             if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
                 claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
-        except UNREACHABLE as exc:
+        except StoreUnavailable as exc:
             if not stop_if_refused(exc):
                 _store_errors.failed(exc)
             raise Reject("the ledger did not answer the claim", requeue=True) from None
@@ -319,7 +319,7 @@ class WorkerRuntime:
                 self._file(result, payload.run_id, self.token, payload.reply_to, done=done, delivery_tag=tag)
                 _store_errors.ok()
                 break
-            except UNREACHABLE as exc:
+            except StoreUnavailable as exc:
                 # The call ran: keep its result and its lease (still renewed) while the store is
                 # away, rather than have it run again elsewhere.
                 if not stop_if_refused(exc):
