@@ -16,6 +16,7 @@ from ._keys import (
     KOMBU_UNACKED_INDEX,
     KOMBU_UNACKED_MUTEX,
     PIDBOX,
+    Keys,
 )
 
 FLEET_COMMANDS = (
@@ -46,7 +47,8 @@ def fleet_acl_rules(
     the user's channel rules name exactly, so that one is named on its own.
     """
     keys = [
-        f"~{prefix}:*",  # the ledger, replies, heartbeats, catalog, limits, approvals, run records
+        # the ledger, replies, heartbeats, catalog, limits, approvals, run records, cache, memories
+        f"~{Keys(prefix).pattern()}",
         *(f"~{queue}*" for queue in queues),  # a queue list and kombu's priority lists beside it
         f"~{KOMBU_BINDINGS}*",  # kombu's routing table
         # kombu's unacknowledged messages

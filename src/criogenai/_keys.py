@@ -29,6 +29,10 @@ class Keys:
     def __init__(self, prefix: str = "crg") -> None:
         self.prefix = prefix
 
+    def pattern(self) -> str:
+        """A glob of every key below (an ACL's key rule, say)."""
+        return f"{self.prefix}:*"
+
     def results(self, run_id: str) -> str:
         """Hash: call id → ToolResult JSON of every finished call of the run."""
         return f"{self.prefix}:{{{run_id}}}:results"
