@@ -31,6 +31,7 @@ from typing import Any
 
 from .._celery import celery_app
 from .._config import Limits, Settings
+from .._errors import StoreError
 from .._keys import MAX_LOST_RUNS, Keys
 from .._message import send_call
 from .._refusals import ErrorBurst
@@ -99,6 +100,12 @@ def _budget_secs(p: ToolTask, limits: Limits, lease_secs: float) -> float:
     within a lease and two checks."""
     dying_runs = (MAX_LOST_RUNS + 1) * (lease_secs + CHECK_AFTER_SECS * 2)
     return budget_secs(p, limits.queue_wait_secs, dying_runs + 10)
+
+
+def _failure_name(exc: Exception) -> str:
+    """What failed, for the model: behind a ``StoreError``, the Redis error it stands for."""
+    cause = exc.__cause__ if isinstance(exc, StoreError) else None
+    return type(cause or exc).__name__
 
 
 class Engine:
@@ -213,7 +220,7 @@ class Engine:
             except Exception:  # Redis unreachable: reported unsent; only a message it kept could run
                 log.warning("could not mark calls of run %s unsent", run_id, exc_info=True)
                 reachable = False  # one timeout is enough: the publisher thread serves every turn
-            why = f"the call could not be sent to the workers ({type(exc).__name__})"
+            why = f"the call could not be sent to the workers ({_failure_name(exc)})"
             result = ended(s.payload, not_started(s.payload.call.name, why))
             with self._lock:
                 self._pending.pop((run_id, s.payload.call.id), None)
