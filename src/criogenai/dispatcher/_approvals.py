@@ -107,7 +107,8 @@ class Approvals:
 
     A call is decided once. Repeating the decision it already has (approve with the same
     arguments, or reject with the same reason) is accepted and changes nothing, so a retried
-    request is harmless; any other second decision raises ``ApprovalConflict``.
+    request is harmless; any other second decision raises ``ApprovalConflict``. When Redis does
+    not answer, every method raises ``StoreUnavailable``.
     """
 
     def __init__(self, settings: Settings | None = None, *, store: ApprovalStore | None = None) -> None:

@@ -86,7 +86,7 @@ class RedisPublisher:
         Sending a call twice is harmless (a worker's claim runs it once), so a batch that failed
         half-way is simply sent again.
         """
-        from ..store._redis import unreachable
+        import redis
 
         by_queue: dict[str, list[str]] = {}
         for payload, queue in items:
@@ -98,7 +98,7 @@ class RedisPublisher:
                     pipe.lpush(queue_list(queue), *texts)  # same order as one LPUSH per call
                 pipe.execute()
                 return
-            except unreachable() as exc:
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if delay is None or refusal(exc) is not None:  # a refusal does not heal by waiting
                     raise
                 time.sleep(delay)

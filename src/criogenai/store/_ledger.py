@@ -454,21 +454,22 @@ class _HotScripts:
     _RETRY_DELAYS = (0.05, 0.25, 1.0, None)
 
     def __init__(self, client: redis.Redis) -> None:
+        from redis.exceptions import NoScriptError
+
         self._client = client
         self._connections = _Connections(client, HOT_CONNECTIONS)
         self._batched = _Batched(self._connections)
+        self._no_script, self._unreachable = NoScriptError, unreachable()
 
     def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
-        from redis.exceptions import NoScriptError
-
         for delay in self._RETRY_DELAYS:
             try:
                 try:
                     return self._once(script, keys, args)
-                except NoScriptError:  # the server restarted or was flushed: load it again
+                except self._no_script:  # the server restarted or was flushed: load it again
                     script.sha = self._client.script_load(script.script)
                     return self._once(script, keys, args)
-            except unreachable():
+            except self._unreachable:
                 if delay is None:
                     raise
                 pause(delay)

@@ -1,9 +1,9 @@
 """Cheap health probes over HTTP, served by the worker's main process (``--health-port``).
 
 ``GET /livez``: 200 while the process serves (503 once it is stopping). ``GET /readyz``: 200 when the
-worker consumes its queues and Redis answers a PING (1 s bound), else 503; both answer a small JSON
-object saying which check failed. A probe is one HTTP request to a thread of the running worker:
-no Python start, no broker round trip, unlike ``celery inspect ping``.
+worker consumes its queues and Redis answers a PING (1 s per try, tried twice), else 503; both
+answer a small JSON object saying which check failed. A probe is one HTTP request to a thread of
+the running worker: no Python start, no broker round trip, unlike ``celery inspect ping``.
 """
 
 from __future__ import annotations
