@@ -37,7 +37,8 @@ POOL_WAIT_SECS = 10.0
 def redis_client(url: str, *, timeout_secs: float = COMMAND_TIMEOUT_SECS) -> redis.Redis:
     """A client of ``url``: ``timeout_secs`` for each reply (and at most that to connect), TCP
     keepalive, health checks, one retry of a command whose connection broke or timed out, and a
-    pool of ``POOL_SIZE`` where callers wait. It connects on first use (in a forked child, anew)."""
+    pool of its own of ``POOL_SIZE`` where callers wait. It connects on first use (in a forked
+    child, anew); ``close()`` closes its connections."""
     import redis
 
     pool = redis.BlockingConnectionPool.from_url(
@@ -50,7 +51,9 @@ def redis_client(url: str, *, timeout_secs: float = COMMAND_TIMEOUT_SECS) -> red
         health_check_interval=HEALTH_CHECK_SECS,
         retry_on_timeout=True,
     )
-    return redis.Redis(connection_pool=pool)
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # the pool is the client's own: close() closes it
+    return client
 
 
 def unreachable() -> tuple[type[Exception], ...]:
