@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._keys import DEFAULT_QUEUE
+from ._keys import (
+    CELERY_META,
+    DEFAULT_QUEUE,
+    KOMBU_BINDINGS,
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
+    KOMBU_UNACKED_MUTEX,
+    PIDBOX,
+    Keys,
+)
 
 FLEET_COMMANDS = (
     "ping", "info", "select",
@@ -38,17 +47,19 @@ def fleet_acl_rules(
     the user's channel rules name exactly, so that one is named on its own.
     """
     keys = [
-        f"~{prefix}:*",  # the ledger, replies, heartbeats, catalog, limits, approvals, run records
+        # the ledger, replies, heartbeats, catalog, limits, approvals, run records, cache, memories
+        f"~{Keys(prefix).pattern()}",
         *(f"~{queue}*" for queue in queues),  # a queue list and kombu's priority lists beside it
-        "~_kombu.binding*",  # kombu's routing table
-        "~unacked", "~unacked_index", "~unacked_mutex",  # kombu's unacknowledged messages
-        "~celery-task-meta-*",  # Celery's result records, which the ledger also writes
-        "~*.celery.pidbox*",  # remote control: each worker's queue, and the replies to commands
+        f"~{KOMBU_BINDINGS}*",  # kombu's routing table
+        # kombu's unacknowledged messages
+        f"~{KOMBU_UNACKED}", f"~{KOMBU_UNACKED_INDEX}", f"~{KOMBU_UNACKED_MUTEX}",
+        f"~{CELERY_META}*",  # Celery's result records, which the ledger also writes
+        f"~*{PIDBOX}*",  # remote control: each worker's queue, and the replies to commands
     ]
     channels = [
-        f"&/{db}.celery.pidbox",  # remote control, named exactly (see above)
+        f"&/{db}{PIDBOX}",  # remote control, named exactly (see above)
         f"&/{db}.celeryev/*",  # events (``criogenai worker --events``, for Flower)
-        "&celery-task-meta-*",  # a result's announcement (``AsyncResult.get``)
+        f"&{CELERY_META}*",  # a result's announcement (``AsyncResult.get``)
     ]
     return ["resetkeys", "resetchannels", "-@all", *(f"+{c}" for c in FLEET_COMMANDS), *keys, *channels]
 

@@ -5,7 +5,9 @@ CriogenaiError             raised by criogenai to programmers
 ├── ToolDefinitionError    also a TypeError: a tool cannot be defined as written
 ├── ConfigurationError     also a ValueError: a setting is wrong
 ├── ToolFailed             a call failed under on_tool_exception="fail"; __cause__: the tool's exception
-└── CallFailed             a call's Celery task failed (tool_error, exception, timeout, ...): Celery's view
+├── CallFailed             a call's Celery task failed (tool_error, exception, timeout, ...): Celery's view
+└── StoreError             Redis failed a command of the store (approvals, catalog, results, ...)
+    └── StoreUnavailable   Redis did not answer, or refused this client
 
 RemoteToolException        stands in for an exception raised in a worker process
 """
@@ -88,6 +90,15 @@ class CallFailed(CriogenaiError):
 
     def __str__(self) -> str:
         return f"call {self.call_id} of run {self.run_id}: tool {self.tool!r} ended {self.status}"
+
+
+class StoreError(CriogenaiError):
+    """Redis failed a command of criogenai's store; ``__cause__`` is redis-py's own error."""
+
+
+class StoreUnavailable(StoreError):
+    """Redis did not answer (down, unreachable, too slow) or refused this client (its credentials,
+    its certificate): trying again later may work, unless it was a refusal."""
 
 
 CallFailed.__module__ = "criogenai"  # where Celery finds it when rebuilding it from a result record

@@ -1,8 +1,10 @@
 """Names shared by the dispatcher and the worker: the Celery task, the queue, the Redis keys.
 
-Every key of one run carries the run id in a hash tag (``{...}``), so a run's keys share one
-Redis Cluster slot. The fleet as a whole does not run on Redis Cluster: kombu's queues, its
-unacked set and Celery's result records (which the ledger's ``finish`` also writes) do not.
+Every Redis key criogenai reads or writes is named here: its own under one prefix (``Keys``), and
+the Celery and kombu keys it touches (their names, which criogenai keeps). Every key of one run
+carries the run id in a hash tag (``{...}``), so a run's keys share one Redis Cluster slot. The
+fleet as a whole does not run on Redis Cluster: kombu's queues, its unacked set and Celery's
+result records (which the ledger's ``finish`` also writes) do not.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class Keys:
 
     def __init__(self, prefix: str = "crg") -> None:
         self.prefix = prefix
+
+    def pattern(self) -> str:
+        """A glob of every key below (an ACL's key rule, say)."""
+        return f"{self.prefix}:*"
 
     def results(self, run_id: str) -> str:
         """Hash: call id → ToolResult JSON of every finished call of the run."""
@@ -56,6 +62,35 @@ class Keys:
         """List a dispatcher waits on: the results of the calls it published."""
         return f"{self.prefix}:reply:{dispatcher_id}"
 
+    def approvals(self, run_id: str) -> str:
+        """Hash: call id → ``PendingApproval`` JSON, of the run's calls put to a person."""
+        return f"{self.prefix}:{{{run_id}}}:approvals"
+
+    def approval_runs(self) -> str:
+        """Sorted set: run id → when it first asked, to list approvals across runs."""
+        return f"{self.prefix}:approvals"
+
+    def run_messages(self, run_id: str) -> str:
+        """List: an agent run's ``RunEntry`` JSON, one per message, in order."""
+        return f"{self.prefix}:{{{run_id}}}:agent:messages"
+
+    def run_state(self, run_id: str) -> str:
+        """String: an agent run's ``RunState`` JSON."""
+        return f"{self.prefix}:{{{run_id}}}:agent:state"
+
+    def cached(self, tool: str, schema_hash: str, digest: str) -> str:
+        """String, with the cache's TTL: a ``ToolResult`` JSON for one read-only call (``digest``:
+        of its arguments' canonical JSON)."""
+        return f"{self.prefix}:cache:{tool}:{schema_hash}:{digest}"
+
+    def catalog(self) -> str:
+        """Sorted set: tool name → when a worker last published it."""
+        return f"{self.prefix}:catalog:tools"
+
+    def catalog_tool(self, name: str) -> str:
+        """Hash: worker → ``CatalogEntry`` JSON, of one tool."""
+        return f"{self.prefix}:catalog:tool:{name}"
+
     def workers(self, queue: str) -> str:
         """Sorted set: worker name → time of its last heartbeat, for one queue."""
         return f"{self.prefix}:workers:{queue}"
@@ -74,3 +109,31 @@ class Keys:
         """Hash: memory id → record JSON, of one scope (user) of one memory namespace. Expires its
         retention after the last write."""
         return f"{self.prefix}:mem:{{{namespace}:{scope}}}"
+
+
+# -- Celery's and kombu's keys, as their Redis backend and transport name them -----------------------
+
+CELERY_META = "celery-task-meta-"
+"""Celery's result record of a task: ``CELERY_META + task id`` (the ledger's ``finish`` writes it
+when asked), also the channel its announcement is published on."""
+KOMBU_UNACKED, KOMBU_UNACKED_INDEX, KOMBU_UNACKED_MUTEX = "unacked", "unacked_index", "unacked_mutex"
+"""kombu's unacknowledged messages (hash: delivery tag → message; sorted set: tag → when taken), and
+the lock of their restoration. kombu's defaults, which criogenai keeps."""
+KOMBU_BINDINGS = "_kombu.binding"
+"""kombu's routing table: a set per exchange, ``_kombu.binding.<exchange>``."""
+PIDBOX = ".celery.pidbox"
+"""Celery's remote control: each worker's queue and the replies end with it."""
+PRIORITY_SEP = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+"""kombu's Redis transport keeps a queue in the list named as the queue, and messages sent with a
+priority in lists ``<queue>\x06\x16<step>`` beside it; criogenai publishes at priority 0."""
+
+
+def queue_list(queue: str, step: int = 0) -> str:
+    """The Redis list of a queue's messages of one priority step (0: the queue's own name)."""
+    return queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a queue's waiting messages, priority lists included."""
+    return [queue_list(queue, step) for step in PRIORITY_STEPS]

@@ -22,10 +22,11 @@ from typing import Any
 from celery import Celery, signals
 
 from ._errors import ConfigurationError
-from ._keys import TASK_NAME
+from ._keys import PRIORITY_STEPS, TASK_NAME, queue_lists
 from ._wire import ToolResult, ToolTask
 from .runner import CallObserver
 from .runner._outcomes import Outcome
+from .store import redis_client
 
 SENT_AT_HEADER = "crg_sent_at"
 """Message header: Unix time from which the call could start (publish time, or a retry's ETA)."""
@@ -122,15 +123,8 @@ class WorkerMetrics(CallObserver):
         self.lost.labels(self.tool(payload.call.name), reason).inc()
 
 
-PRIORITY_SEP = "\x06\x16"
-PRIORITY_STEPS = (0, 3, 6, 9)
-"""kombu's Redis transport keeps a queue in the list named as the queue, and messages sent with a
-priority in lists ``<queue>\x06\x16<step>`` beside it; criogenai publishes at priority 0."""
-
-
-def queue_lists(queue: str) -> list[str]:
-    """The Redis lists that hold a queue's waiting messages (kombu's names, priority lists included)."""
-    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+SCRAPE_TIMEOUT_SECS = 2.0
+"""How long a scrape waits for Redis before leaving the queue lengths out."""
 
 
 class QueueDepth:
@@ -138,10 +132,8 @@ class QueueDepth:
     from Redis at each scrape (one pipelined round trip); absent when Redis does not answer."""
 
     def __init__(self, app: Celery, broker_url: str) -> None:
-        import redis
-
         self._app = app
-        self._client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
+        self._client = redis_client(broker_url, timeout_secs=SCRAPE_TIMEOUT_SECS)
 
     def collect(self) -> Iterable[Any]:
         import redis

@@ -13,7 +13,7 @@ import ssl
 import threading
 import time
 
-import redis
+from ._errors import StoreError
 
 _CERTIFICATE_ALERTS = (
     "ALERT_CERTIFICATE_REQUIRED",
@@ -44,6 +44,8 @@ def refusal(exc: BaseException, *, fresh: bool = False) -> str | None:
     the handshake, which the client sees only as an unexpected EOF; on a connection that worked
     before, the same EOF is an outage. No password is in the text: Redis's replies never echo it.
     """
+    import redis  # loaded already when ``exc`` is one of its errors
+
     for err in _chain(exc):
         if isinstance(err, redis.AuthenticationError):
             return f"Redis refused the credentials in the URL ({err})"
@@ -75,6 +77,8 @@ class ErrorBurst:
         self._lock = threading.Lock()  # one step may fail on many threads at once (a worker's calls)
 
     def failed(self, exc: Exception) -> None:
+        import redis
+
         with self._lock:
             self._failures += 1
             if self._failures > 1:
@@ -84,7 +88,7 @@ class ErrorBurst:
             "%s: %s; trying again (logged once until it works)",
             self._what,
             describe(exc),
-            exc_info=None if isinstance(exc, redis.RedisError) else exc,
+            exc_info=None if isinstance(exc, redis.RedisError | StoreError) else exc,
         )
 
     def ok(self) -> None:

@@ -46,6 +46,4 @@ def fetch_full(run_id: str, call_id: str, *, settings: Settings | None = None) -
     try:
         return full_text(ledger, run_id, call_id, secret=settings.signing_secret)
     finally:
-        client = getattr(ledger, "client", None)
-        if client is not None:
-            client.close()
+        ledger.close()

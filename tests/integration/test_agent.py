@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from criogenai import Agent, Dispatcher, FakeModel, Settings, ToolFailed
-from criogenai.agent._runs import RedisRunStore
+from criogenai.agent._runs import make_records
 from criogenai.runner._outcomes import GENERIC_FAILURE
 from criogenai.tools import Tool
 from tests import agent_tools, fleet_tools
@@ -84,7 +84,7 @@ def test_a_run_of_several_rounds_of_parallel_calls_on_the_fleet(agents: list[Age
     assert fleet_tools.runs(k1) == 2 and fleet_tools.runs(k2) == 1 and fleet_tools.runs(k3) == 2
     assert elapsed < 1.9 + 5, f"two 1 s calls of one turn took {elapsed:.1f} s: not concurrent"
     # The run is stored in Redis as it went: every message, every full result.
-    stored = RedisRunStore(fleet_url(), retention_secs=3600).entries(result.run_id)
+    stored = make_records(Settings(broker_url=fleet_url())).entries(result.run_id)
     assert [e.message for e in stored] == result.messages
     assert [e.result for e in stored if e.result] == result.tool_results
     assert {r.run_id for r in result.tool_results} == {result.run_id}
@@ -191,7 +191,7 @@ def test_an_agent_runs_as_a_tool_of_another_on_the_fleet(agents: list[Agent]) ->
     assert result.output == "Both researched."
     assert fake.requests[1].tool_results == {"q1": "summary: found flu", "q2": "summary: found measles"}
     # The inner runs are stored under the outer run and call, like any run.
-    inner = RedisRunStore(fleet_url(), retention_secs=3600).entries(f"{result.run_id}.q1")
+    inner = make_records(Settings(broker_url=fleet_url())).entries(f"{result.run_id}.q1")
     assert [(e.message.role, getattr(e.message, "content", None)) for e in inner] == [
         ("user", "flu"), ("assistant", None), ("tool", "found flu"), ("assistant", "summary: found flu")]
 

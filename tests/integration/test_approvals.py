@@ -33,7 +33,7 @@ from criogenai import (
     ToolCall,
     ToolResult,
 )
-from criogenai.dispatcher._approvals import RedisApprovalStore
+from criogenai.store import RedisApprovalStore
 from tests import fleet_tools
 from tests.conftest import PYTHONPATH, ROOT, WorkerProcess, fleet_url, key, make_dispatcher
 

@@ -11,7 +11,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from criogenai import ToolCall
-from criogenai._metrics import queue_lists
+from criogenai._keys import queue_lists
 from tests.conftest import ROOT, fleet_url, make_dispatcher, wait_for
 
 

@@ -326,18 +326,19 @@ def test_filing_a_result_acknowledges_its_message_in_the_same_step(redis_up: Non
     """The message leaves kombu's unacknowledged set with the result, atomically: a worker dying
     between the two can neither lose the result nor get the finished call redelivered."""
     from criogenai import ToolResult
-    from criogenai.store._ledger import UNACKED_INDEX_KEY, UNACKED_KEY, RedisLedger
+    from criogenai._keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
+    from criogenai.store import RedisLedger
 
     db = redis.Redis.from_url(fleet_url())
     db.flushdb()
 
     def unacked(tag: str) -> tuple[bool, bool]:
-        return db.hexists(UNACKED_KEY, tag), db.zscore(UNACKED_INDEX_KEY, tag) is not None
+        return db.hexists(KOMBU_UNACKED, tag), db.zscore(KOMBU_UNACKED_INDEX, tag) is not None
 
     for acks, expected in ((True, (False, False)), (False, (True, True))):
         tag = key()
-        db.hset(UNACKED_KEY, tag, "[]")
-        db.zadd(UNACKED_INDEX_KEY, {tag: time.time()})
+        db.hset(KOMBU_UNACKED, tag, "[]")
+        db.zadd(KOMBU_UNACKED_INDEX, {tag: time.time()})
         ledger = RedisLedger(fleet_url(), broker_acks=acks)
         result = ToolResult(call_id="c", name="echo", run_id=f"r-{tag}", status="ok", content="x")
         assert ledger.finish(result, result.run_id, None, None, done=True, delivery_tag=tag)

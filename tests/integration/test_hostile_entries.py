@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from criogenai import Limits, ToolCall
-from criogenai._keys import task_id
-from criogenai.store._ledger import UNACKED_INDEX_KEY, UNACKED_KEY
+from criogenai._keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, task_id
 from tests import fleet_tools
 from tests.conftest import OwnRedis, fleet_url, key, make_dispatcher, start_worker, wait_for
 from tests.integration.test_security import body_of, envelope, task, with_body
@@ -51,7 +50,7 @@ def serves_every_call(d: Any, n: int = 3) -> None:
 def no_slot_held() -> None:
     """Nothing left in the queue or unacknowledged: every refused entry was released."""
     client = db()
-    wait_for(lambda: (client.llen(QUEUE), client.zcard(UNACKED_INDEX_KEY), client.hlen(UNACKED_KEY))
+    wait_for(lambda: (client.llen(QUEUE), client.zcard(KOMBU_UNACKED_INDEX), client.hlen(KOMBU_UNACKED))
              == (0, 0, 0), what="the queue and kombu's unacknowledged entries to empty")
 
 

@@ -26,7 +26,8 @@ from criogenai import (
     tool,
 )
 from criogenai.dispatcher import _hooks
-from criogenai.dispatcher._approvals import MemoryApprovalStore, request_approval
+from criogenai.dispatcher._approvals import request_approval
+from criogenai.store import MemoryApprovalStore
 
 
 @tool(read_only=True)

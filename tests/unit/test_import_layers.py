@@ -41,3 +41,14 @@ def test_import_and_an_embedded_turn_load_no_celery_module() -> None:
     assert (seen["status"], seen["content"]) == ("ok", "5")
     assert seen["after_import"] == []
     assert seen["after_turn"] == []
+
+
+def test_import_and_an_embedded_turn_load_no_redis_module() -> None:
+    """redis-py is loaded only when a Redis store is made: the embedded engine never needs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRIOGENAI_")}
+    out = subprocess.run(
+        [sys.executable, "-c", EMBEDDED_TURN.format(fleet=("redis",))],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (seen["status"], seen["after_import"], seen["after_turn"]) == ("ok", [], [])

@@ -40,7 +40,7 @@ from ._model import (
     UserMessage,
 )
 from ._openai import OpenAIModel
-from ._runs import RunEntry, RunError, RunNotFound, RunState, RunStatus, RunStore, make_store, now
+from ._runs import RunEntry, RunError, RunNotFound, RunRecords, RunState, RunStatus, make_records, now
 
 WAITING_STATUSES: frozenset[str] = frozenset({"pending_approval"})
 """Results that mean a call waits for a person: the run stops until it is decided."""
@@ -152,7 +152,7 @@ class Agent:
             **hooks,
         )
         self.settings = self.dispatcher.settings
-        self.store: RunStore = make_store(self.settings)
+        self.store: RunRecords = make_records(self.settings)
         # The model's GenAI span attributes: its provider (else its class) and model name, if any.
         provider = getattr(self.model, "provider", None) or type(self.model).__name__
         self._genai: dict[str, str] = {"gen_ai.provider.name": str(provider)}

@@ -29,11 +29,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from .._celery import celery_app
 from .._config import Limits, Settings
-from .._keys import MAX_LOST_RUNS
+from .._errors import StoreError
+from .._keys import MAX_LOST_RUNS, Keys
 from .._message import send_call
 from .._refusals import ErrorBurst
 from .._signing import authentic, key_id
@@ -49,13 +48,12 @@ from ..runner._outcomes import (
     not_started,
 )
 from ..store import (
-    Catalog,
     Ledger,
     Limiter,
-    MemoryLimiter,
-    RedisLedger,
-    RedisLimiter,
     check_server,
+    ledger_catalog,
+    make_limiter,
+    redis_client,
     signing_mismatch,
 )
 from ._admission import Admission, Send
@@ -106,11 +104,10 @@ def _budget_secs(p: ToolTask, limits: Limits, lease_secs: float) -> float:
     return budget_secs(p, limits.queue_wait_secs, dying_runs + 10)
 
 
-def _limiter_for(ledger: Ledger) -> Limiter:
-    lease = max(3.0, ledger.lease_secs)
-    if isinstance(ledger, RedisLedger):
-        return RedisLimiter(ledger.client, ledger.keys, lease)
-    return MemoryLimiter(lease)
+def _failure_name(exc: Exception) -> str:
+    """What failed, for the model: behind a ``StoreError``, the Redis error it stands for."""
+    cause = exc.__cause__ if isinstance(exc, StoreError) else None
+    return type(cause or exc).__name__
 
 
 class FleetEngine:
@@ -130,17 +127,13 @@ class FleetEngine:
         self.app = app
         self._secret = signing_secret
         self._key_id = key_id(signing_secret)
-        self._catalog = (
-            Catalog(ledger.client, prefix=prefix, heartbeat_ttl_secs=ledger.heartbeat_ttl_secs)
-            if isinstance(ledger, RedisLedger)
-            else None
-        )
+        self._catalog = ledger_catalog(ledger)
         self._signers: dict[str, tuple[float, str | None]] = {}
         """Tool name → (until when, why its live workers cannot serve this engine, or None)."""
         self._fast = publisher
         self.ledger = ledger
         self.limits = limits
-        self.reply_to = f"{prefix}:reply:{uuid.uuid4().hex}"
+        self.reply_to = Keys(prefix).reply(uuid.uuid4().hex)
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._server_id: str | None = None
         self._workers_seen: dict[str, set[str]] = {}
@@ -158,7 +151,7 @@ class FleetEngine:
         """A running call told to stop has this long to file its ``cancelled`` result (its
         worker sees the mark at its next lease renewal, every third of a lease)."""
         self._admission: Admission[_Turn] = Admission(
-            limiter or _limiter_for(ledger),
+            limiter or make_limiter(ledger, max(3.0, ledger.lease_secs)),
             self._launch,
             self._refuse,
             limits.max_calls_in_flight_per_turn,
@@ -235,7 +228,7 @@ class FleetEngine:
             except Exception:  # Redis unreachable: reported unsent; only a message it kept could run
                 log.warning("could not mark calls of run %s unsent", run_id, exc_info=True)
                 reachable = False  # one timeout is enough: the publisher thread serves every turn
-            why = f"the call could not be sent to the workers ({type(exc).__name__})"
+            why = f"the call could not be sent to the workers ({_failure_name(exc)})"
             result = ended(s.payload, not_started(s.payload.call.name, why))
             with self._lock:
                 self._pending.pop((run_id, s.payload.call.id), None)
@@ -566,8 +559,7 @@ def _redis_publisher(app: Any, settings: Settings) -> RedisPublisher | None:
     url = settings.broker_url or ""
     if not url.startswith(("redis://", "rediss://")):
         return None
-    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10)
-    return RedisPublisher(app, client)
+    return RedisPublisher(app, redis_client(url))
 
 
 def fleet_engine(settings: Settings, ledger: Ledger, limits: Limits) -> FleetEngine:

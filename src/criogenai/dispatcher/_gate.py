@@ -17,9 +17,9 @@ from .._config import Settings
 from .._errors import ConfigurationError
 from .._wire import ToolCall, ToolResult
 from ..runner._outcomes import invalid_arguments
-from ..store import Ledger
+from ..store import ApprovalStore, Ledger, make_approval_store
 from ..tools import DEFAULT_MAX_RESULT_CHARS, InvalidArguments, ToolRegistry
-from ._approvals import Approvals, ApprovalStore, PendingApproval, approval_store, request_approval
+from ._approvals import Approvals, PendingApproval, request_approval
 from ._hooks import AfterHook, BeforeHook, HookCall, ResultCache, is_async_hook, run_after, run_before
 from ._validate import ValidCall, refused
 
@@ -91,7 +91,7 @@ class Gate:
     @property
     def store(self) -> ApprovalStore:
         if self._store is None:
-            self._store = approval_store(self.settings)
+            self._store = make_approval_store(self.settings)
         return self._store
 
     @property

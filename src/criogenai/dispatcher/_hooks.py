@@ -13,16 +13,14 @@ import inspect
 import json
 import logging
 import threading
-import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-import redis
-
 from .._config import Settings
 from .._wire import ToolCall, ToolResult
+from ..store import CacheStore, make_cache_store
 from ..tools import DEFAULT_MAX_RESULT_CHARS, InvalidArguments, Tool, cut, to_json_text
 from ._validate import refused
 
@@ -229,11 +227,10 @@ async def run_after(
 # -- the ready-made cache ---------------------------------------------------------------------------
 
 
-def cache_key(prefix: str, tool: Tool[..., Any], arguments: Any) -> str:
-    """Tool name, schema hash and a digest of the canonical JSON of the arguments (sorted keys)."""
+def arguments_digest(arguments: Any) -> str:
+    """A digest of the canonical JSON of a call's arguments (sorted keys): equal arguments, one entry."""
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    digest = hashlib.sha256(canonical.encode()).hexdigest()
-    return f"{prefix}:cache:{tool.name}:{tool.schema_hash}:{digest}"
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class ResultCache:
@@ -250,51 +247,25 @@ class ResultCache:
         self.ttl_secs = ttl_secs
         self._settings = settings
         self._lock = threading.Lock()
-        self._client: redis.Redis | None = None
-        self._prefix = "crg"
-        self._memory: dict[str, tuple[float, str]] | None = None
+        self._entries: CacheStore | None = None
 
     def bind(self, settings: Settings) -> None:
         """Use a dispatcher's settings, unless this cache was given its own or is already in use."""
         with self._lock:
-            if self._settings is None and self._client is None and self._memory is None:
+            if self._settings is None and self._entries is None:
                 self._settings = settings
 
-    def _store(self) -> redis.Redis | dict[str, tuple[float, str]]:
+    def _store(self) -> CacheStore:
         with self._lock:
-            if self._client is None and self._memory is None:
-                settings = self._settings or Settings.from_env()
-                self._prefix = settings.key_prefix
-                if settings.redis_url:
-                    self._client = redis.Redis.from_url(
-                        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
-                    )
-                else:
-                    self._memory = {}
-            return self._client if self._client is not None else self._memory  # type: ignore[return-value]
-
-    def _get(self, key: str) -> str | None:
-        store = self._store()
-        if isinstance(store, dict):
-            with self._lock:
-                found = store.get(key)
-                return found[1] if found and found[0] > time.monotonic() else None
-        raw = store.get(key)
-        return raw.decode() if isinstance(raw, bytes) else None
-
-    def _put(self, key: str, value: str) -> None:
-        store = self._store()
-        if isinstance(store, dict):
-            with self._lock:
-                store[key] = (time.monotonic() + self.ttl_secs, value)
-            return
-        store.set(key, value, px=max(1, int(self.ttl_secs * 1000)))
+            if self._entries is None:
+                self._entries = make_cache_store(self._settings or Settings.from_env())
+            return self._entries
 
     def before(self, call: HookCall) -> Answer | None:
         """A ``before_tool`` hook: the stored result of the same read-only call, if any."""
         if call.tool is None or not call.tool.read_only:
             return None
-        raw = self._get(cache_key(self._prefix_now(), call.tool, call.arguments))
+        raw = self._store().get(call.tool.name, call.tool.schema_hash, arguments_digest(call.arguments))
         if raw is None:
             return None
         stored = ToolResult.model_validate_json(raw)
@@ -304,8 +275,10 @@ class ResultCache:
         """An ``after_tool`` hook: store ``ok`` results of read-only tools that really ran."""
         if call.tool is None or not call.tool.read_only or result.status != "ok" or result.cached:
             return
-        self._put(cache_key(self._prefix_now(), call.tool, call.arguments), result.model_dump_json())
-
-    def _prefix_now(self) -> str:
-        self._store()
-        return self._prefix
+        self._store().put(
+            call.tool.name,
+            call.tool.schema_hash,
+            arguments_digest(call.arguments),
+            result.model_dump_json(),
+            self.ttl_secs,
+        )

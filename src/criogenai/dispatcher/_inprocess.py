@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._config import Limits
+from .._keys import Keys
 from .._loop import GreenletRunner
 from .._wire import ToolResult
 from ..runner import Answered, CallRunner, Delivery, Refused, RunAgain, StoreAway
@@ -92,7 +93,7 @@ class InProcessEngine:
             registry, ledger, host="embedded", signing_secret=signing_secret, replies=False
         )
         """Runs each delivery as a worker's does; with a secret, only calls signed with it run."""
-        self.reply_to = f"{prefix}:reply:embedded-{uuid.uuid4().hex}"
+        self.reply_to = Keys(prefix).reply(f"embedded-{uuid.uuid4().hex}")
         """Carried in each call's task, as the fleet's; results come back directly, not through it."""
         self._slots = GreenletRunner(SLOTS)
         self._on_loops: dict[asyncio.AbstractEventLoop, GreenletRunner] = {}

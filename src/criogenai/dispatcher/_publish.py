@@ -17,16 +17,17 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
-
-from .._keys import TASK_NAME, task_id
+from .._keys import TASK_NAME, queue_list, task_id
 from .._message import task_options
 from .._metrics import stamp_sent_at
 from .._refusals import refusal
 from .._tracing import inject_trace_headers
 from .._wire import ToolTask
+
+if TYPE_CHECKING:
+    import redis
 
 _RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, None)
 
@@ -85,6 +86,8 @@ class RedisPublisher:
         Sending a call twice is harmless (a worker's claim runs it once), so a batch that failed
         half-way is simply sent again.
         """
+        import redis
+
         by_queue: dict[str, list[str]] = {}
         for payload, queue in items:
             by_queue.setdefault(queue, []).append(self.envelope(payload, queue))
@@ -92,7 +95,7 @@ class RedisPublisher:
             try:
                 pipe = self._client.pipeline(transaction=False)
                 for queue, texts in by_queue.items():
-                    pipe.lpush(queue, *texts)  # same order as one LPUSH per call
+                    pipe.lpush(queue_list(queue), *texts)  # same order as one LPUSH per call
                 pipe.execute()
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:

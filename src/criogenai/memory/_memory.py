@@ -19,10 +19,10 @@ from pydantic import Field
 
 from .._config import Settings
 from .._errors import ConfigurationError, ToolError
+from ..store import MemoryRecord, MemoryStore, make_memory_store
 from ..tools import Tool, ToolContext, tool
 from ._embeddings import Embedder, EmbeddingError
 from ._rank import rank
-from ._store import LocalMemoryStore, MemoryRecord, MemoryStore, RedisMemoryStore
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 DEFAULT_MAX_CHARS = 2000
@@ -31,10 +31,7 @@ DEFAULT_MAX_MEMORIES = 1000
 
 def default_store(settings: Settings | None = None) -> MemoryStore:
     """The fleet's Redis when a broker is configured (workers and agent alike), else this process."""
-    settings = settings or Settings.from_env()
-    if settings.redis_url:
-        return RedisMemoryStore(settings.redis_url, prefix=settings.key_prefix)
-    return LocalMemoryStore()
+    return make_memory_store(settings or Settings.from_env())
 
 
 class Memory:

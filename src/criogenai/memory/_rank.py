@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any
 
-from ._store import MemoryRecord
+from ..store import MemoryRecord
 
 _WORD = re.compile(r"[^\W_]+")
 _FUSION_K = 60

@@ -35,12 +35,13 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from .._errors import StoreUnavailable
 from .._loop import pause
 from .._refusals import ErrorBurst
 from .._signing import authentic, refusal, sign_result
 from .._tracing import end_tool_span, tool_span
 from .._wire import ToolResult, ToolTask
-from ..store import UNREACHABLE, Claim, Ledger
+from ..store import Claim, Ledger
 from ..tools import Tool, ToolContext, ToolRegistry
 from . import _executor
 from ._leases import LeaseKeeper
@@ -311,7 +312,7 @@ class CallRunner:
             claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
             if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
                 claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
-        except UNREACHABLE as exc:
+        except StoreUnavailable as exc:
             if not self._refused(exc):
                 self._store_errors.failed(exc)
             raise StoreAway("claim") from None
@@ -328,7 +329,7 @@ class CallRunner:
                 filed = self._file(result, payload, self.token, done=done, delivery_tag=d.delivery_tag)
                 self._store_errors.ok()
                 break
-            except UNREACHABLE as exc:
+            except StoreUnavailable as exc:
                 if not self._refused(exc):
                     self._store_errors.failed(exc)
                 if delay is None:

@@ -13,15 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .._config import Settings
 from .._errors import ConfigurationError
 from .._keys import Keys
 from ._ledger import HEARTBEAT_TTL_SECS
+from ._redis import redis_client, store_edge
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +124,10 @@ class CatalogEntry(BaseModel):
         return [f for f in ("read_only", "idempotent", "destructive") if getattr(self, f)]
 
 
+@store_edge
 class Catalog:
-    """The catalog in Redis: a sorted set of tool names, and one hash per tool (worker → record)."""
+    """The catalog in Redis: a sorted set of tool names, and one hash per tool (worker → record)
+    (``Keys.catalog``, ``Keys.catalog_tool``). Raises ``StoreError`` when Redis fails."""
 
     def __init__(
         self,
@@ -133,7 +138,7 @@ class Catalog:
         heartbeat_ttl_secs: float = HEARTBEAT_TTL_SECS,
     ) -> None:
         self.client = client
-        self.prefix = prefix
+        self.keys = Keys(prefix)
         self.ttl_secs = ttl_secs
         self.heartbeat_ttl_secs = heartbeat_ttl_secs
 
@@ -144,14 +149,11 @@ class Catalog:
             raise ConfigurationError(
                 "the tool catalog lives in the fleet's Redis: set CRIOGENAI_BROKER_URL=redis://..."
             )
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
-        return cls(client, prefix=settings.key_prefix, heartbeat_ttl_secs=settings.heartbeat_ttl_secs)
-
-    def _index(self) -> str:
-        return f"{self.prefix}:catalog:tools"
-
-    def _tool(self, name: str) -> str:
-        return f"{self.prefix}:catalog:tool:{name}"
+        return cls(
+            redis_client(settings.redis_url),
+            prefix=settings.key_prefix,
+            heartbeat_ttl_secs=settings.heartbeat_ttl_secs,
+        )
 
     # -- the worker's side ------------------------------------------------------------------------
 
@@ -169,21 +171,21 @@ class Catalog:
         pipe = self.client.pipeline(transaction=False)
         for t in tools:
             entry = CatalogEntry.of(t, worker, now, self.ttl_secs, key_id)
-            pipe.hset(self._tool(t.name), worker, entry.model_dump_json())
-            pipe.expire(self._tool(t.name), keep)
-            pipe.zadd(self._index(), {t.name: now})
-            pipe.expire(self._index(), keep)
+            pipe.hset(self.keys.catalog_tool(t.name), worker, entry.model_dump_json())
+            pipe.expire(self.keys.catalog_tool(t.name), keep)
+            pipe.zadd(self.keys.catalog(), {t.name: now})
+            pipe.expire(self.keys.catalog(), keep)
         pipe.execute()
 
     def has(self, worker: str, name: str) -> bool:
         """Whether this worker's record of the tool is in Redis."""
-        return bool(self.client.hexists(self._tool(name), worker))
+        return bool(self.client.hexists(self.keys.catalog_tool(name), worker))
 
     def withdraw(self, worker: str, names: Iterable[str]) -> None:
         """Remove this worker's records (at a clean shutdown)."""
         pipe = self.client.pipeline(transaction=False)
         for name in names:
-            pipe.hdel(self._tool(name), worker)
+            pipe.hdel(self.keys.catalog_tool(name), worker)
         pipe.execute()
 
     # -- the agent's side -------------------------------------------------------------------------
@@ -193,12 +195,12 @@ class Catalog:
         now = time.time()
         if names is None:
             raw_names: list[bytes] = self.client.zrangebyscore(  # type: ignore[assignment]
-                self._index(), now - PRUNE_AFTER_SECS, "+inf"
+                self.keys.catalog(), now - PRUNE_AFTER_SECS, "+inf"
             )
             names = sorted(n.decode() for n in raw_names)
         pipe = self.client.pipeline(transaction=False)
         for name in names:
-            pipe.hgetall(self._tool(name))
+            pipe.hgetall(self.keys.catalog_tool(name))
         found: dict[str, list[CatalogEntry]] = {}
         stale: list[tuple[str, str]] = []
         for name, fields in zip(names, pipe.execute(), strict=True):
@@ -220,7 +222,7 @@ class Catalog:
         if stale:
             pipe = self.client.pipeline(transaction=False)
             for name, worker in stale:
-                pipe.hdel(self._tool(name), worker)
+                pipe.hdel(self.keys.catalog_tool(name), worker)
             pipe.execute()
         return found
 
@@ -229,10 +231,9 @@ class Catalog:
         pairs = sorted({(e.queue, e.worker) for es in found.values() for e in es})
         if not pairs:
             return found
-        keys = Keys(self.prefix)
         pipe = self.client.pipeline(transaction=False)
         for queue, worker in pairs:
-            pipe.zscore(keys.workers(queue), worker)
+            pipe.zscore(self.keys.workers(queue), worker)
         beats = dict(zip(pairs, pipe.execute(), strict=True))
         out: dict[str, list[CatalogEntry]] = {}
         for name, es in found.items():

@@ -1,14 +1,19 @@
-"""A ledger from the settings (Redis with a URL, memory without), and the check that the Redis
-it talks to is one criogenai runs on."""
+"""The one place each store is chosen from the settings: Redis with a Redis URL (a fleet), this
+process's memory without one (the embedded engine); and the check that the Redis a fleet talks
+to is one criogenai runs on."""
 
 from __future__ import annotations
 
-import redis
-
 from .._config import Settings
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, StoreError, StoreUnavailable
 from .._refusals import refusal
+from ._approvals import ApprovalStore, MemoryApprovalStore, RedisApprovalStore
+from ._cache import CacheStore, MemoryCacheStore, RedisCacheStore
+from ._catalog import Catalog
 from ._ledger import Ledger, MemoryLedger, RedisLedger
+from ._limits import Limiter, MemoryLimiter, RedisLimiter
+from ._memories import LocalMemoryStore, MemoryStore, RedisMemoryStore
+from ._runs import MemoryRunStore, RedisRunStore, RunStore
 
 
 def make_ledger(settings: Settings) -> Ledger:
@@ -24,6 +29,55 @@ def make_ledger(settings: Settings) -> Ledger:
             broker_acks=settings.redis_url == settings.broker_url,
         )
     return MemoryLedger(lease_secs=settings.lease_secs, heartbeat_ttl_secs=settings.heartbeat_ttl_secs)
+
+
+def make_limiter(ledger: Ledger, lease_secs: float) -> Limiter:
+    """The fleet-wide gates beside the ledger: in its Redis, else in this process."""
+    if isinstance(ledger, RedisLedger):
+        return RedisLimiter(ledger.client, ledger.keys, lease_secs)
+    return MemoryLimiter(lease_secs)
+
+
+def ledger_catalog(ledger: Ledger) -> Catalog | None:
+    """The tool catalog in the ledger's Redis; None embedded (there is no fleet to describe)."""
+    if isinstance(ledger, RedisLedger):
+        return Catalog(ledger.client, prefix=ledger.keys.prefix, heartbeat_ttl_secs=ledger.heartbeat_ttl_secs)
+    return None
+
+
+_MEMORY_APPROVALS = MemoryApprovalStore()
+"""The embedded engine's approvals, shared in the process so ``Approvals()`` sees what a
+Dispatcher asked."""
+
+
+def make_approval_store(settings: Settings) -> ApprovalStore:
+    if settings.redis_url:
+        return RedisApprovalStore(
+            settings.redis_url, prefix=settings.key_prefix, retention_secs=settings.retention_secs
+        )
+    return _MEMORY_APPROVALS
+
+
+def make_run_store(settings: Settings) -> RunStore:
+    if settings.redis_url:
+        return RedisRunStore(
+            settings.redis_url, prefix=settings.key_prefix, retention_secs=settings.retention_secs
+        )
+    return MemoryRunStore()
+
+
+def make_cache_store(settings: Settings) -> CacheStore:
+    """A result cache's entries: in Redis, shared by the fleet's dispatchers, else its own."""
+    if settings.redis_url:
+        return RedisCacheStore(settings.redis_url, prefix=settings.key_prefix)
+    return MemoryCacheStore()
+
+
+def make_memory_store(settings: Settings) -> MemoryStore:
+    """The memory tools' store: the fleet's Redis (workers and agent alike), else this process's."""
+    if settings.redis_url:
+        return RedisMemoryStore(settings.redis_url, prefix=settings.key_prefix)
+    return LocalMemoryStore()
 
 
 MIN_REDIS = (7, 0)
@@ -47,14 +101,13 @@ def check_server(ledger: Ledger, *, login: bool = True) -> None:
     if not isinstance(ledger, RedisLedger):
         return
     try:
-        ledger.client.ping()
-        version = str(ledger.client.info("server").get("redis_version", ""))
-    except redis.ConnectionError as exc:
+        version = ledger.server_version()
+    except StoreUnavailable as exc:
         why = refusal(exc, fresh=True)
         if login and why is not None:
             raise ConfigurationError(why) from None
         return
-    except redis.RedisError:  # INFO not allowed for this user: nothing to check against
+    except StoreError:  # INFO not allowed for this user: nothing to check against
         return
     if version and not redis_version_ok(version):
         raise ConfigurationError(

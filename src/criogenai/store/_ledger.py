@@ -37,16 +37,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-import redis
 from pydantic import ValidationError
-from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
-from .._keys import Keys, task_id
+from .._keys import CELERY_META, KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys, task_id
 from .._loop import can_wait, pause, wait
 from .._wire import FAILED_STATUSES, ToolResult
+from ._redis import BLOCKING_TIMEOUT_SECS, redis_client, store_edge, unreachable
+
+if TYPE_CHECKING:
+    import redis
+    from redis.commands.core import Script
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,10 @@ class Ledger(Protocol):
         """Changes when the store restarts and loses what it held (Redis's run_id)."""
         ...
 
+    def close(self) -> None:
+        """Let go of the store's connections (a short-lived ledger, say ``fetch_full``'s)."""
+        ...
+
 
 # KEYS: results, claim, starts, cancel mark, stopped. ARGV: call id, token, lease ms, retention
 # secs, now, deadline. The rule is the module's docstring's.
@@ -271,9 +277,6 @@ return 1
 
 _WAKE = b"wake"
 """Pushed on a reply list to end its dispatcher's blocking pop; never a result."""
-_META = "celery-task-meta-"
-UNACKED_KEY, UNACKED_INDEX_KEY = "unacked", "unacked_index"
-"""kombu's Redis transport keeps unacknowledged messages here (its defaults, which criogenai keeps)."""
 
 
 def _celery_meta(tid: str, result: ToolResult) -> str:
@@ -362,6 +365,8 @@ class _Connections:
         with self._lock:
             full = not self._free and self._made >= self._size
             if full and not self._lock.wait_for(lambda: bool(self._free), timeout):
+                import redis
+
                 raise redis.ConnectionError(f"no free Redis connection within {timeout:g} s")
             if self._free:
                 return self._free.pop()
@@ -369,7 +374,7 @@ class _Connections:
         return self._pool.make_connection()
 
 
-_Script = tuple[Script, list[str], list[str | int | float], "asyncio.Future[object]"]
+_Script = tuple["Script", list[str], list[str | int | float], "asyncio.Future[object]"]
 """A script to run for a waiting call: the script, its keys and arguments, where its reply goes."""
 
 
@@ -407,6 +412,8 @@ class _Batched:
             self._send(batch)
 
     def _send(self, batch: list[_Script]) -> None:
+        import redis
+
         answered = 0
         try:
             with self._connections.lend() as conn:
@@ -447,19 +454,22 @@ class _HotScripts:
     _RETRY_DELAYS = (0.05, 0.25, 1.0, None)
 
     def __init__(self, client: redis.Redis) -> None:
+        from redis.exceptions import NoScriptError
+
         self._client = client
         self._connections = _Connections(client, HOT_CONNECTIONS)
         self._batched = _Batched(self._connections)
+        self._no_script, self._unreachable = NoScriptError, unreachable()
 
     def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
         for delay in self._RETRY_DELAYS:
             try:
                 try:
                     return self._once(script, keys, args)
-                except NoScriptError:  # the server restarted or was flushed: load it again
+                except self._no_script:  # the server restarted or was flushed: load it again
                     script.sha = self._client.script_load(script.script)
                     return self._once(script, keys, args)
-            except UNREACHABLE:
+            except self._unreachable:
                 if delay is None:
                     raise
                 pause(delay)
@@ -473,29 +483,18 @@ class _HotScripts:
             return cast(object, conn.read_response())
 
 
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
-"""What the ledger raises when Redis does not answer, after its own quick retries."""
 HOT_CONNECTIONS = 8
 """Connections a process's claims and filings share (a worker on criogenai's threads pool sends
 them in batches from one thread, ``_Batched``, so it uses one)."""
-CLIENT_CONNECTIONS = 16
-"""The cap on each redis-py client's pool: past it, a caller waits for a connection to come back
-(redis-py's own pool fails with "Too many connections")."""
 _CLAIM_CODES = {-1: Claim("done"), -2: Claim("busy"), -3: Claim("expired"), -4: Claim("cancelled")}
 REPLY_TTL_SECS = 3600
 HEARTBEAT_TTL_SECS = 15.0
 
 
-def _client(url: str, **options: Any) -> redis.Redis:
-    """A redis-py client whose pool holds at most ``CLIENT_CONNECTIONS`` and makes callers wait."""
-    pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=CLIENT_CONNECTIONS, timeout=10, **options
-    )
-    return redis.Redis(connection_pool=pool)
-
-
+@store_edge
 class RedisLedger:
-    """The ledger on Redis: a few Lua scripts, one round trip per step."""
+    """The ledger on Redis: a few Lua scripts, one round trip per step. It raises ``StoreError``
+    (``StoreUnavailable`` when Redis did not answer, after its own quick retries)."""
 
     def __init__(
         self,
@@ -520,15 +519,9 @@ class RedisLedger:
         self.lease_secs = lease_secs
         self.retention_secs = retention_secs
         self.heartbeat_ttl_secs = heartbeat_ttl_secs
-        common = dict(
-            socket_connect_timeout=5,
-            health_check_interval=10,
-            socket_keepalive=True,
-            retry_on_timeout=True,
-        )
-        self.client = _client(url, socket_timeout=10, **common)
+        self.client = redis_client(url)
         # Blocking pops get their own pool, with a socket timeout longer than any block.
-        self._blocking = _client(url, socket_timeout=30, **common)
+        self._blocking = redis_client(url, timeout_secs=BLOCKING_TIMEOUT_SECS)
         self._replies = _Connections(self._blocking, 4)
         self._claim = self.client.register_script(_CLAIM)
         self._renew = self.client.register_script(_RENEW)
@@ -603,9 +596,9 @@ class RedisLedger:
             k.results(run_id),
             k.claim(run_id, result.call_id),
             reply,
-            _META + tid,
-            UNACKED_KEY,
-            UNACKED_INDEX_KEY,
+            CELERY_META + tid,
+            KOMBU_UNACKED,
+            KOMBU_UNACKED_INDEX,
             k.starts(run_id),
             k.stopped(run_id),
         ]
@@ -717,9 +710,17 @@ class RedisLedger:
         names: list[bytes] = self.client.zrangebyscore(key, now - self.heartbeat_ttl_secs, "+inf")  # type: ignore[assignment]
         return [n.decode() for n in names]
 
-
     def server_id(self) -> str:
         return str(self.client.info("server")["run_id"])
+
+    def server_version(self) -> str:
+        """The server's ``redis_version`` ("" when not said); a refused login raises here."""
+        self.client.ping()
+        return str(self.client.info("server").get("redis_version", ""))
+
+    def close(self) -> None:
+        self.client.close()
+        self._blocking.close()
 
 
 class MemoryLedger:
@@ -903,3 +904,6 @@ class MemoryLedger:
 
     def server_id(self) -> str:
         return "memory"
+
+    def close(self) -> None:
+        """Nothing to let go of."""

@@ -18,11 +18,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
-
-import redis
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .._keys import Keys
+from ._redis import store_edge
+
+if TYPE_CHECKING:
+    import redis
 
 
 class Gate(NamedTuple):
@@ -140,6 +142,7 @@ return 1
 """
 
 
+@store_edge
 class RedisLimiter:
     """The gates on Redis, shared by every dispatcher of the fleet."""
 

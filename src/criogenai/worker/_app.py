@@ -8,7 +8,7 @@ from .._celery import celery_app
 from .._config import Settings
 from .._keys import TASK_NAME
 from .._signing import key_id
-from ..store import Catalog, CatalogPublisher, Ledger, RedisLedger, check_server, make_ledger
+from ..store import CatalogPublisher, Ledger, check_server, ledger_catalog, make_ledger
 from ..tools import ToolRegistry
 from ._options import install as install_worker_options
 from ._task import WorkerRuntime, register
@@ -35,9 +35,8 @@ def create_app(
         # criogenai's settings for `criogenai worker` and `celery -A criogenai.worker worker` alike
         install_worker_options(app, registry, settings.redis_url)
         _drop_builtin_tasks(app)
-        if isinstance(runtime.ledger, RedisLedger):  # a fleet: publish the tools it serves
-            catalog = Catalog(runtime.ledger.client, prefix=settings.key_prefix,
-                              heartbeat_ttl_secs=settings.heartbeat_ttl_secs)
+        catalog = ledger_catalog(runtime.ledger)
+        if catalog is not None:  # a fleet: publish the tools it serves
             runtime.on_heartbeat = CatalogPublisher(catalog, registry, key_id=key_id(settings.signing_secret))
         app.criogenai_runtime = runtime
     app.criogenai_settings = settings

@@ -1,9 +1,9 @@
 """Cheap health probes over HTTP, served by the worker's main process (``--health-port``).
 
 ``GET /livez``: 200 while the process serves (503 once it is stopping). ``GET /readyz``: 200 when the
-worker consumes its queues and Redis answers a PING (1 s bound), else 503; both answer a small JSON
-object saying which check failed. A probe is one HTTP request to a thread of the running worker:
-no Python start, no broker round trip, unlike ``celery inspect ping``.
+worker consumes its queues and Redis answers a PING (1 s per try, tried twice), else 503; both
+answer a small JSON object saying which check failed. A probe is one HTTP request to a thread of
+the running worker: no Python start, no broker round trip, unlike ``celery inspect ping``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import redis
 from celery import bootsteps
 from celery.worker import state
 
 from .._errors import ConfigurationError
+from ..store import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,7 @@ class Health:
 
     def __init__(self, worker: Any, redis_url: str | None) -> None:
         self.worker = worker
-        self._client = (
-            redis.Redis.from_url(
-                redis_url, socket_timeout=PING_TIMEOUT_SECS, socket_connect_timeout=PING_TIMEOUT_SECS
-            )
-            if redis_url
-            else None
-        )
+        self._client = redis_client(redis_url, timeout_secs=PING_TIMEOUT_SECS) if redis_url else None
 
     def alive(self) -> dict[str, Any]:
         return {"alive": not (state.should_stop or state.should_terminate)}
@@ -55,6 +49,8 @@ class Health:
     def redis_ok(self) -> bool:
         if self._client is None:
             return True
+        import redis
+
         try:
             return bool(self._client.ping())
         except (redis.RedisError, OSError):

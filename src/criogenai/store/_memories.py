@@ -1,4 +1,5 @@
-"""Where memories live: a fleet's Redis (every worker reaches it), or this process (memory or a file).
+"""Where the memory tools' memories live: a fleet's Redis (every worker reaches it), or this
+process (memory or a SQLite file). The tools themselves are ``criogenai.memory``'s.
 
 Every operation names its namespace and scope; a store has no call that reads across scopes, so a
 tool can only reach the scope its call carries. Counts are capped per scope atomically (a Lua
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import redis
 from pydantic import BaseModel, ConfigDict
 
 from .._keys import Keys
+from ._redis import redis_client, store_edge
+
+if TYPE_CHECKING:
+    import redis
 
 DEFAULT_RETENTION_SECS = 90 * 24 * 3600
 
@@ -56,6 +60,7 @@ return 1
 """
 
 
+@store_edge
 class RedisMemoryStore:
     """Memories in Redis, one hash per scope (``Keys.memories``), kept ``retention_secs`` after the
     scope's last remember or forget."""
@@ -74,12 +79,10 @@ class RedisMemoryStore:
 
     @property
     def client(self) -> redis.Redis:
-        """Connected on first use, so a store made before a fork connects in the child."""
+        """Made on first use: a tools module that makes the store at import loads no redis-py."""
         with self._lock:
             if self._client is None:
-                self._client = redis.Redis.from_url(
-                    self.url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10
-                )
+                self._client = redis_client(self.url)
             return self._client
 
     def add(self, namespace: str, scope: str, record: MemoryRecord, max_count: int) -> bool:
