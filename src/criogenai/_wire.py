@@ -1,8 +1,10 @@
 """The data that crosses processes: versioned, frozen pydantic models.
 
 The dispatcher and the worker share nothing else but these models, the key names in ``_keys`` and
-the tool definitions. Every model carries ``v`` so that a fleet in the middle of a rolling upgrade
-can refuse what it does not understand instead of misreading it.
+the tool definitions. Every model carries ``v`` (from ``Versioned``, the one base of everything
+criogenai writes for another process or a later read: calls, results, messages, run records,
+catalog records, approvals) so that a fleet in the middle of a rolling upgrade can refuse what it
+does not understand instead of misreading it.
 """
 
 from __future__ import annotations
@@ -57,24 +59,30 @@ FAILED_STATUSES: frozenset[str] = frozenset(
 OnToolException = Literal["return_to_model", "return_generic", "fail"]
 
 
-class _Wire(BaseModel):
+class Versioned(BaseModel):
+    """Data that crosses processes or outlives one: frozen, unknown fields refused, and a ``v``.
+
+    A model changes its format by overriding ``v`` (``v: Literal[2] = 2``); a reader that meets a
+    version it does not know refuses the record instead of guessing.
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    v: Literal[1] = WIRE_VERSION
 
-class ToolCall(_Wire):
+
+class ToolCall(Versioned):
     """One call the model asked for: its id, the tool's name and the arguments as the model sent them."""
 
-    v: Literal[1] = WIRE_VERSION
     id: str = Field(min_length=1, max_length=256)
     name: str
     arguments: Any = Field(default_factory=dict)
     """Usually a dict; anything else is reported as ``invalid_arguments``, never raised."""
 
 
-class ToolResult(_Wire):
+class ToolResult(Versioned):
     """The outcome of one call. ``content`` is exactly what the model is sent."""
 
-    v: Literal[1] = WIRE_VERSION
     call_id: str
     name: str
     run_id: str = ""
@@ -102,10 +110,9 @@ class ToolResult(_Wire):
         return self.status == "ok"
 
 
-class ToolTask(_Wire):
+class ToolTask(Versioned):
     """The body of a Celery task: one validated call and the policy its worker applies to it."""
 
-    v: Literal[1] = WIRE_VERSION
     run_id: str
     call: ToolCall
     timeout_secs: float = Field(gt=0)

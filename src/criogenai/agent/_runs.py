@@ -14,23 +14,20 @@ from collections import OrderedDict
 from typing import Literal, Protocol
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .._config import Settings
 from .._errors import CriogenaiError
-from .._wire import ToolResult
+from .._wire import ToolResult, Versioned
 from ._model import Message
 
 RunStatus = Literal["running", "completed", "failed", "waiting_for_approval", "max_rounds"]
-RECORD_VERSION: Literal[1] = 1
 MEMORY_RUNS = 1000
 """The embedded store keeps this many runs, dropping the least recently written."""
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    v: Literal[1] = RECORD_VERSION
+class _Record(Versioned):
+    """A run's stored data, versioned like everything else criogenai keeps."""
 
 
 class RunEntry(_Record):

@@ -20,16 +20,15 @@ import redis
 
 from .._config import Settings
 from .._errors import CriogenaiError
-from .._wire import WIRE_VERSION, ToolCall, _Wire
+from .._wire import ToolCall, Versioned
 from ..tools import InvalidArguments, tool_from_schema
 
 Decision = Literal["pending", "approved", "rejected"]
 
 
-class PendingApproval(_Wire):
+class PendingApproval(Versioned):
     """One call that waits (or waited) for a person, and what they decided."""
 
-    v: Literal[1] = WIRE_VERSION
     run_id: str
     call: ToolCall
     """The call as it was put to the person (after any ``before_tool`` hook changed it)."""

@@ -13,14 +13,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from .._config import Settings
 from .._errors import ConfigurationError
 from .._keys import Keys
+from .._wire import Versioned
 from ._ledger import HEARTBEAT_TTL_SECS
 
 log = logging.getLogger(__name__)
@@ -56,12 +57,9 @@ class Described(Protocol):
     def schema_hash(self) -> str: ...
 
 
-class CatalogEntry(BaseModel):
+class CatalogEntry(Versioned):
     """One tool as one worker serves it. ``schema_hash`` tells two versions of a tool apart."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    v: Literal[1] = 1
     name: str
     description: str
     parameters: dict[str, Any]
