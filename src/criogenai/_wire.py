@@ -9,9 +9,13 @@ does not understand instead of misreading it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from ._keys import DEFAULT_QUEUE
 
 WIRE_VERSION: Literal[1] = 1
 DEFAULT_MAX_STORED_CHARS = 1_000_000
@@ -69,6 +73,55 @@ class Versioned(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     v: Literal[1] = WIRE_VERSION
+
+
+class ToolDefinition(Versioned):
+    """A tool as the model and the engine see it, without its code: one description used everywhere.
+
+    ``Tool.definition`` is this; a worker publishes it to the catalog (``CatalogEntry`` adds who
+    serves it), an agent offers it to its model, and an approval records its schema and hash.
+    """
+
+    name: str
+    description: str
+    """What the model reads about the tool (a function's cleaned docstring by default)."""
+    parameters: dict[str, Any]
+    """The JSON Schema of the arguments, exactly as the model sees it."""
+    read_only: bool = False
+    idempotent: bool = False
+    destructive: bool = False
+    timeout_secs: float | None = None
+    """The tool's own time limit per call; None: the dispatcher's ``Limits.tool_timeout_secs``."""
+    queue: str = DEFAULT_QUEUE
+    """The Celery queue its calls are sent to."""
+    schema_hash: str = ""
+    """A short hash of name, description and parameters, to tell two versions of a tool apart.
+    Always derived from them (a value given is replaced); kept in the data for readers of the catalog."""
+
+    @model_validator(mode="after")
+    def _derive_hash(self) -> ToolDefinition:
+        described = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        text = json.dumps(described, sort_keys=True, separators=(",", ":"))
+        object.__setattr__(self, "schema_hash", hashlib.sha256(text.encode()).hexdigest()[:16])
+        return self
+
+    @property
+    def retryable(self) -> bool:
+        """Read-only and idempotent tools may be run again; other tools never are."""
+        return self.read_only or self.idempotent
+
+    @property
+    def flags(self) -> list[str]:
+        """The flags that are set, by name."""
+        return [f for f in ("read_only", "idempotent", "destructive") if getattr(self, f)]
+
+    @property
+    def version(self) -> str:
+        """The schema hash, plus whatever else of the definition calls depend on when it differs."""
+        extra = f" queue={self.queue}" + (f" flags={','.join(self.flags)}" if self.flags else "")
+        if self.timeout_secs is not None:
+            extra += f" timeout={self.timeout_secs:g}s"
+        return self.schema_hash + extra
 
 
 class ToolCall(Versioned):

@@ -11,10 +11,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import Field, JsonValue
+from pydantic import Field
 
 from .._errors import CriogenaiError
-from .._wire import ToolCall, ToolResult, Versioned
+from .._wire import ToolCall, ToolDefinition, ToolResult, Versioned
 
 
 class SystemMessage(Versioned):
@@ -59,19 +59,16 @@ Message = Annotated[
 ]
 
 
-class ToolSpec(Versioned):
-    """A tool as a model is offered it: name, description and the JSON Schema of its arguments."""
-
-    name: str
-    description: str
-    parameters: dict[str, JsonValue]
+ToolSpec = ToolDefinition
+"""A tool as a model is offered it: its ``ToolDefinition`` (``Tool.definition``), the one model of a
+tool that the catalog and approvals use too. Adapters send its name, description and parameters."""
 
 
 class ModelRequest(Versioned):
     """Everything a model was sent in one round."""
 
     messages: list[Message]
-    tools: list[ToolSpec]
+    tools: list[ToolDefinition]
 
     @property
     def tool_results(self) -> dict[str, str]:

@@ -20,8 +20,8 @@ import redis
 
 from .._config import Settings
 from .._errors import CriogenaiError
-from .._wire import ToolCall, Versioned
-from ..tools import InvalidArguments, tool_from_schema
+from .._wire import ToolCall, ToolDefinition, Versioned
+from ..tools._tool import argument_problems
 
 Decision = Literal["pending", "approved", "rejected"]
 
@@ -33,8 +33,10 @@ class PendingApproval(Versioned):
     call: ToolCall
     """The call as it was put to the person (after any ``before_tool`` hook changed it)."""
     parameters: dict[str, Any]
-    """The tool's JSON Schema, so that any process can check edited arguments without the tool."""
+    """The tool's JSON Schema (its ``ToolDefinition.parameters``), so that any process can check
+    edited arguments without the tool."""
     schema_hash: str = ""
+    """The definition's ``schema_hash`` when the call was put to a person."""
     requested_at: float
     decision: Decision = "pending"
     arguments: dict[str, Any] | None = None
@@ -219,26 +221,23 @@ def approval_store(settings: Settings) -> ApprovalStore:
 
 
 def request_approval(
-    store: ApprovalStore, run_id: str, call: ToolCall, parameters: dict[str, Any], schema_hash: str
+    store: ApprovalStore, run_id: str, call: ToolCall, definition: ToolDefinition
 ) -> PendingApproval:
     """Put a call to a person, unless it already was; returns the record that stands."""
     now = time.time()
     record = PendingApproval(
-        run_id=run_id, call=call, parameters=parameters, schema_hash=schema_hash, requested_at=now
+        run_id=run_id,
+        call=call,
+        parameters=definition.parameters,
+        schema_hash=definition.schema_hash,
+        requested_at=now,
     )
     return PendingApproval.model_validate_json(store.add(run_id, call.id, record.model_dump_json(), now))
 
 
 def check_edit(record: PendingApproval, arguments: Any) -> list[str]:
     """The problems of edited arguments against the schema the call was put with (empty if fine)."""
-    checker = tool_from_schema(
-        name=record.tool_name,
-        description="",
-        parameters=record.parameters,
-        fn=lambda **_: None,
-    )
-    checked = checker.validate(arguments)
-    return checked.problems if isinstance(checked, InvalidArguments) else []
+    return argument_problems(record.parameters, arguments)
 
 
 MAX_SWAP_TRIES = 5

@@ -134,9 +134,7 @@ class Gate:
                         self.before_hooks, v.call, v.tool, run_id, self.max_result_chars
                     )
                     if isinstance(outcome, ToolCall) and v.tool.name in self.approve:
-                        record = request_approval(
-                            self.store, run_id, outcome, v.tool.schema, v.tool.schema_hash
-                        )
+                        record = request_approval(self.store, run_id, outcome, v.tool.definition)
                 if record is not None:
                     outcome = self._decided(record, v)
             if isinstance(outcome, ToolResult):
