@@ -191,3 +191,39 @@ class ToolTask(Versioned):
     signature: str | None = Field(None, exclude_if=lambda v: v is None)
     """HMAC of the call by its dispatcher (``criogenai._signing``), when a signing secret is set.
     Left out of the message when None, so workers that predate it still read unsigned calls."""
+
+
+Decision = Literal["pending", "approved", "rejected"]
+
+
+class PendingApproval(Versioned):
+    """One call that waits (or waited) for a person, and what they decided."""
+
+    run_id: str
+    call: ToolCall
+    """The call as it was put to the person (after any ``before_tool`` hook changed it)."""
+    parameters: dict[str, Any]
+    """The tool's JSON Schema (its ``ToolDefinition.parameters``), so that any process can check
+    edited arguments without the tool."""
+    schema_hash: str = ""
+    """The definition's ``schema_hash`` when the call was put to a person."""
+    requested_at: float
+    decision: Decision = "pending"
+    arguments: dict[str, Any] | None = None
+    """Edited arguments of an approval; None when approved as asked (or not approved)."""
+    by: str = ""
+    reason: str = ""
+    decided_at: float | None = None
+
+    @property
+    def call_id(self) -> str:
+        return self.call.id
+
+    @property
+    def tool_name(self) -> str:
+        return self.call.name
+
+    @property
+    def effective_arguments(self) -> Any:
+        """The arguments the call runs with once approved."""
+        return self.call.arguments if self.arguments is None else self.arguments

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
-from .._errors import CriogenaiError
+from .._errors import ModelError as ModelError
 from .._wire import ToolCall, ToolDefinition, ToolResult, Versioned
 
 
@@ -80,12 +80,6 @@ class ModelRequest(Versioned):
             if isinstance(m, ToolMessage):
                 news[m.call_id] = m.content
         return dict(reversed(news.items()))
-
-
-class ModelError(CriogenaiError):
-    """The model could not be asked (HTTP errors after retries, a bad reply, an exhausted script)."""
-
-    code = "model_error"
 
 
 @runtime_checkable

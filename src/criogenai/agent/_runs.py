@@ -17,7 +17,8 @@ import redis
 from pydantic import Field
 
 from .._config import Settings
-from .._errors import CriogenaiError
+from .._errors import RunConflict as RunConflict
+from .._errors import RunNotFound as RunNotFound
 from .._wire import ToolResult, Versioned
 from ._model import Message
 
@@ -58,14 +59,6 @@ class RunState(_Record):
     error: RunError | None = None
     user: str | None = Field(None, exclude_if=lambda v: v is None)
     """The scope the run's calls carry (``Agent.run(..., user=)``): whose memories they reach."""
-
-
-class RunNotFound(CriogenaiError, LookupError):
-    """No run is stored under that id (never started here, or past its retention)."""
-
-
-class RunConflict(CriogenaiError):
-    """Another process wrote to the run at the same time; this one stopped."""
 
 
 class RunStore(Protocol):

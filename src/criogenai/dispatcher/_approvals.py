@@ -14,69 +14,18 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import redis
 
 from .._config import Settings
+from .._errors import ApprovalConflict as ApprovalConflict
+from .._errors import ApprovalNotFound as ApprovalNotFound
 from .._errors import CriogenaiError
-from .._wire import ToolCall, ToolDefinition, Versioned
+from .._errors import InvalidApprovalArguments as InvalidApprovalArguments
+from .._wire import PendingApproval as PendingApproval
+from .._wire import ToolCall, ToolDefinition
 from ..tools._tool import argument_problems
-
-Decision = Literal["pending", "approved", "rejected"]
-
-
-class PendingApproval(Versioned):
-    """One call that waits (or waited) for a person, and what they decided."""
-
-    run_id: str
-    call: ToolCall
-    """The call as it was put to the person (after any ``before_tool`` hook changed it)."""
-    parameters: dict[str, Any]
-    """The tool's JSON Schema (its ``ToolDefinition.parameters``), so that any process can check
-    edited arguments without the tool."""
-    schema_hash: str = ""
-    """The definition's ``schema_hash`` when the call was put to a person."""
-    requested_at: float
-    decision: Decision = "pending"
-    arguments: dict[str, Any] | None = None
-    """Edited arguments of an approval; None when approved as asked (or not approved)."""
-    by: str = ""
-    reason: str = ""
-    decided_at: float | None = None
-
-    @property
-    def call_id(self) -> str:
-        return self.call.id
-
-    @property
-    def tool_name(self) -> str:
-        return self.call.name
-
-    @property
-    def effective_arguments(self) -> Any:
-        """The arguments the call runs with once approved."""
-        return self.call.arguments if self.arguments is None else self.arguments
-
-
-class ApprovalConflict(CriogenaiError):
-    """The call was already decided differently; the first decision stands (see ``approval``)."""
-
-    def __init__(self, message: str, approval: PendingApproval) -> None:
-        super().__init__(message)
-        self.approval = approval
-
-
-class ApprovalNotFound(CriogenaiError, LookupError):
-    """No approval is stored for that run and call (never asked, or past its retention)."""
-
-
-class InvalidApprovalArguments(CriogenaiError, ValueError):
-    """Edited arguments do not match the tool's schema; nothing was recorded."""
-
-    def __init__(self, message: str, problems: list[str]) -> None:
-        super().__init__(message)
-        self.problems = problems
 
 
 class ApprovalStore(Protocol):
