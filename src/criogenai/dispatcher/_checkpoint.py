@@ -1,4 +1,4 @@
-"""The gate between a turn's valid calls and the fleet: hooks and approvals before, hooks after.
+"""The checkpoint between a turn's valid calls and the fleet: hooks and approvals before, hooks after.
 
 Before a call is enqueued: a call of an approve-listed tool that already has a record follows the
 person's decision (hooks do not run again: the person decided on what they saw); any other call
@@ -28,14 +28,14 @@ T = TypeVar("T")
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run the gate's coroutine for ``run_turn_sync`` (which refuses to run on a running loop) on a
+    """Run the checkpoint's coroutine for ``run_turn_sync`` (which refuses to run on a running loop) on a
     loop of its own. Async hooks are bounded by ``HOOK_TIMEOUT_SECS``; sync ones run as written."""
     return asyncio.run(coro)
 
 
 @dataclass
-class GatedTurn:
-    """What passed the gate: the calls to send, results decided here, and each call as it runs."""
+class CheckedTurn:
+    """What passed the checkpoint: the calls to send, results decided here, and each call as it runs."""
 
     valid: list[ValidCall]
     done: dict[str, ToolResult]
@@ -58,7 +58,7 @@ def _waiting(record: PendingApproval) -> ToolResult:
     )
 
 
-class Gate:
+class Checkpoint:
     """Hooks and approvals of one dispatcher."""
 
     def __init__(
@@ -108,9 +108,9 @@ class Gate:
 
     async def before(
         self, run_id: str, valid: list[ValidCall], done: dict[str, ToolResult], ledger: Ledger | None
-    ) -> GatedTurn:
+    ) -> CheckedTurn:
         """Hooks and approvals for the valid calls; ``ledger`` is given when the run is resumed."""
-        turn = GatedTurn([], dict(done))
+        turn = CheckedTurn([], dict(done))
         if not (self.approve or self.before_hooks):
             turn.valid = valid
             turn.ran_as = {v.call.id: _seen(v.call, run_id, v) for v in valid}
@@ -164,7 +164,7 @@ class Gate:
         return call
 
     async def after(
-        self, turn: GatedTurn, calls: list[ToolCall], results: dict[str, ToolResult]
+        self, turn: CheckedTurn, calls: list[ToolCall], results: dict[str, ToolResult]
     ) -> dict[str, ToolResult]:
         """Every result of the turn through the ``after_tool`` hooks, in call order."""
         if not self.after_hooks:
