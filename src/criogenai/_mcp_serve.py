@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._config import env_name
 from ._errors import ConfigurationError
 from .store import Catalog, describe_conflict, versions
 from .tools import ToolRegistry
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "CRIOGENAI_MCP_TOKEN"
+TOKEN_ENV = env_name("mcp_token")
+"""Where the bearer token comes from unless ``--token`` gives it (``Settings.mcp_token``)."""
 MIN_TOKEN_CHARS = 16
 CALL_ID = "mcp-call"
 """Each ``tools/call`` is a run of its own with one call, always this id (so a run can be resumed)."""

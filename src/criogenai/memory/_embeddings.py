@@ -49,6 +49,7 @@ class OpenAIEmbeddings:
 
     @property
     def base_url(self) -> str:
+        # OPENAI_*: the provider's own variables, as its SDK reads them; not criogenai settings.
         return (self._base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
 
     def embed(self, texts: list[str]) -> list[list[float]]:
