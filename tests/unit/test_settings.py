@@ -69,3 +69,10 @@ def test_both_worker_commands_offer_every_worker_option_with_its_variable() -> N
     assert helped.returncode == 0, helped.stderr
     for name in WORKER_OPTIONS:
         assert option_flag(name) in helped.stdout and f"${env_name(name)}" in helped.stdout, name
+
+
+def test_the_readme_lists_every_variable() -> None:
+    readme = (ROOT / "README.md").read_text()
+    fields = [*Settings.model_fields, *WorkerSettings.model_fields]
+    missing = [env_name(f) for f in fields if env_name(f) not in readme]
+    assert not missing, missing
