@@ -225,7 +225,7 @@ class Settings(_Value):
         process's environment it is made once per distinct ``CRIOGENAI_*`` set and overrides."""
         key = _key(overrides)
         if environ is None and key is not None:
-            return _settings_of(_ours(), key)
+            return _settings_of(_ours(cls), key)
         return _from_env(cls, "settings", environ, overrides)
 
 
@@ -295,7 +295,7 @@ class WorkerSettings(_Value):
         from this process's environment, made once per distinct ``CRIOGENAI_*`` set."""
         key = _key(overrides)
         if environ is None and key is not None:
-            return _worker_settings_of(_ours(), key)
+            return _worker_settings_of(_ours(cls), key)
         return _from_env(cls, "worker settings", environ, overrides)
 
 
@@ -343,8 +343,15 @@ def _key(overrides: dict[str, Any]) -> _Key | None:
     return key
 
 
-def _ours() -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX)))
+def _ours(cls: type[Settings | WorkerSettings]) -> tuple[tuple[str, str], ...]:
+    """The model's variables that are set in this process's environment, as a cache key."""
+    get = os.environ.get
+    return tuple((name, value) for name in _variables(cls) if (value := get(name)) is not None)
+
+
+@functools.cache
+def _variables(cls: type[Settings | WorkerSettings]) -> tuple[str, ...]:
+    return tuple(env_name(f) for f in cls.model_fields)
 
 
 @functools.lru_cache(maxsize=32)
