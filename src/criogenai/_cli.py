@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from kombu.utils.url import maybe_sanitize_url
 
@@ -15,7 +15,7 @@ from ._cli_approvals import add_approvals_parser
 from ._cli_cancel import add_cancel_parser
 from ._cli_fleet import add_fleet_parsers, catalog_registry
 from ._cli_mcp import add_mcp_parser
-from ._config import Settings
+from ._config import WORKER_OPTIONS, Settings, WorkerSettings, env_name, option_flag, option_help
 from ._errors import ConfigurationError
 
 POOLS = ("prefork", "threads")
@@ -31,14 +31,13 @@ def _worker(args: argparse.Namespace, celery_args: list[str]) -> int:
     settings = Settings.from_env()
     if settings.embedded:
         raise ConfigurationError("a worker needs a broker: set CRIOGENAI_BROKER_URL=redis://...")
-    groups = args.tools or [os.environ.get("CRIOGENAI_TOOLS", "")]
-    modules = [m.strip() for group in groups for m in group.split(",") if m.strip()]
+    modules = list(WorkerSettings.from_env(tools=args.tools).tools)
     if not modules:
         raise ConfigurationError("name the tool modules: --tools MODULE, or CRIOGENAI_TOOLS=MODULE,...")
     registry = ToolRegistry.from_modules(modules)
     for server in registry.servers:  # listed; each pool process opens its own session when called
         server.close()
-    os.environ["CRIOGENAI_TOOLS"] = ",".join(modules)
+    os.environ[env_name("tools")] = ",".join(modules)  # for the processes Celery starts
     app = create_app(settings, registry)
     pool = [f"--pool={args.pool}"]
     if args.pool == "threads":  # criogenai's pool: calls wait on one event loop, not a thread each
@@ -47,10 +46,7 @@ def _worker(args: argparse.Namespace, celery_args: list[str]) -> int:
         app.conf.worker_pool = POOL
         pool = []  # Celery maps its default pool name to worker_pool; "threads" to its own
     argv = ["worker", *pool, f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle"]
-    argv += [f"--log-format={args.log_format}", f"--metrics-port={args.metrics_port}"]
-    argv += ["--otel" if args.otel else "--no-otel"]
-    if args.metrics_host:
-        argv.append(f"--metrics-host={args.metrics_host}")
+    argv += _given_worker_options(args)
     if args.queues:
         argv.append(f"--queues={args.queues}")
     if args.concurrency:
@@ -61,6 +57,35 @@ def _worker(args: argparse.Namespace, celery_args: list[str]) -> int:
         argv.append("--task-events")
     status = _run_celery(app, [*argv, *celery_args])
     return exit_status() or status  # refused credentials: Celery's own status does not say so
+
+
+def _add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """criogenai's worker options, made from ``WorkerSettings`` as Celery's are (``worker/_options``).
+    Only those given are handed on: Celery's side reads the others' defaults from the environment."""
+    group = parser.add_argument_group("criogenai's options (also of `celery -A criogenai.worker worker`)")
+    for name in WORKER_OPTIONS:
+        field = WorkerSettings.model_fields[name]
+        flag = option_flag(name)
+        options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": option_help(name)}
+        if field.annotation is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif get_origin(field.annotation) is Literal:
+            options["choices"] = get_args(field.annotation)
+        else:
+            options["type"] = field.annotation
+        group.add_argument(flag, **options)
+
+
+def _given_worker_options(args: argparse.Namespace) -> list[str]:
+    """The criogenai options given to ``criogenai worker``, as Celery's worker command takes them."""
+    given = []
+    for name in (n for n in WORKER_OPTIONS if hasattr(args, n)):
+        value, flag = getattr(args, name), option_flag(name)
+        if isinstance(value, bool):
+            given.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            given.append(f"{flag}={value}")
+    return given
 
 
 def _run_celery(app: Any, argv: list[str]) -> int:
@@ -127,12 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-O fair, --pidfile, --logfile, ...: see `celery worker --help`).",
         allow_abbrev=False,  # a prefix of a Celery option must reach Celery, not match one of ours
     )
-    w.add_argument(
-        "--tools",
-        action="append",
-        metavar="MODULE",
-        help="a module of @tool functions (repeat, or separate with commas); default: $CRIOGENAI_TOOLS",
-    )
+    w.add_argument("--tools", action="append", metavar="MODULE", help=option_help("tools") + " Repeatable.")
     w.add_argument("--concurrency", "-c", type=int, default=0)
     w.add_argument(
         "--pool",
@@ -142,38 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prefork: a process per slot, hard time limits; threads: many calls per process "
         "(async tools on one event loop, sync tools on threads; a stuck sync tool is abandoned, not killed)",
     )
-    w.add_argument(
-        "--queues",
-        "-Q",
-        default="",
-        help="comma-separated; default: $CRIOGENAI_QUEUES, else the tools' queues",
-    )
-    w.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default=os.environ.get("CRIOGENAI_LOG_FORMAT", "text"),
-        help="json: one JSON object per line, with run id, call id, tool, attempt, status, duration",
-    )
-    w.add_argument(
-        "--metrics-port",
-        type=int,
-        default=os.environ.get("CRIOGENAI_METRICS_PORT") or 0,  # argparse converts a string default
-        help="serve Prometheus metrics on this port (needs criogenai[metrics])",
-    )
-    w.add_argument(
-        "--metrics-host",
-        default="",
-        help="address the metrics endpoint binds to; default: $CRIOGENAI_METRICS_HOST, else 127.0.0.1",
-    )
-    w.add_argument(
-        "--otel",
-        action="store_true",
-        default=os.environ.get("CRIOGENAI_OTEL", "").strip().lower() not in ("", "0", "false", "no"),
-        help="trace each call with OpenTelemetry (needs criogenai[otel]); default: $CRIOGENAI_OTEL=1",
-    )
+    w.add_argument("--queues", "-Q", default="", help=option_help("queues"))
     w.add_argument("--loglevel", "-l", default="INFO")
     w.add_argument("--hostname", "-n", default="")
     w.add_argument("--events", "-E", action="store_true", help="send task events (for Flower)")
+    _add_worker_options(w)
     w.set_defaults(func=_worker)
     d = sub.add_parser("demo", help="run a turn of the clinic tools (embedded without a broker)")
     d.add_argument("--tools", default="criogenai.demo")

@@ -7,7 +7,6 @@ import asyncio
 import importlib
 import json
 import logging
-import os
 import sys
 from typing import Any
 
@@ -16,7 +15,7 @@ from ._errors import ConfigurationError
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ._mcp_serve import TOKEN_ENV, FleetServer, LiveRegistry, check_token
+    from ._mcp_serve import FleetServer, LiveRegistry, check_token
 
     try:
         import mcp  # noqa: F401
@@ -27,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigurationError("mcp serve exposes a fleet's tools: set CRIOGENAI_BROKER_URL=redis://...")
     token = None
     if args.transport == "http":
-        token = check_token(args.host, args.token or os.environ.get(TOKEN_ENV))
+        token = check_token(args.host, args.token or settings.mcp_token)
     logging.basicConfig(level=args.loglevel.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .dispatcher import Dispatcher

@@ -1,4 +1,12 @@
-"""Settings, retry policy and limits: value objects with their defaults in one place."""
+"""Settings, retry policy and limits: value objects with their defaults in one place.
+
+The environment is read here and nowhere else: every ``CRIOGENAI_<FIELD>`` variable is a field of
+``Settings`` (the engine's) or ``WorkerSettings`` (one worker process's), and the rest of criogenai
+takes settings passed in or calls ``Settings.from_env()`` / ``WorkerSettings.from_env()``, which
+read this process's environment once per distinct ``CRIOGENAI_*`` set and share the result.
+Variables that belong to others (a provider's API key, OpenTelemetry's ``OTEL_*``) are read where
+they are used.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ import functools
 import os
 import random
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -18,6 +26,8 @@ DEFAULT_RETENTION_SECS = 7 * 24 * 3600
 DEFAULT_MAX_STORED_RESULT_CHARS = DEFAULT_MAX_STORED_CHARS
 DEFAULT_MAX_ARGUMENT_DEPTH = 100
 MIN_SIGNING_SECRET_CHARS = 16
+ENV_PREFIX = "CRIOGENAI_"
+LOOPBACK = "127.0.0.1"
 
 
 class _Value(BaseModel):
@@ -148,11 +158,13 @@ class Settings(_Value):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     broker_url: str | None = None
+    """Celery's broker (``redis://...``, ``amqp://...``); None: the embedded engine, no fleet."""
     result_backend: str | None = None
     """Defaults to the broker URL when that is Redis."""
     redis_url: str | None = None
     """Where the ledger (claims, results, workers) lives; defaults to the result backend."""
     key_prefix: str = "crg"
+    """The first part of every Redis key criogenai writes (not kombu's queues)."""
     lease_secs: float = Field(10.0, ge=1, le=600)
     """A running call's claim lives this long unless its worker renews it: the redelivery bound."""
     retention_secs: int = Field(DEFAULT_RETENTION_SECS, ge=60)
@@ -177,6 +189,9 @@ class Settings(_Value):
     signing_secret: str | None = Field(None, repr=False)
     """Shared by dispatchers and workers: calls are signed (HMAC-SHA256) and workers refuse unsigned or
     altered ones. Without it, workers ignore signatures. See ``criogenai._signing``."""
+    mcp_token: str | None = Field(None, repr=False)
+    """The bearer token HTTP clients of ``criogenai mcp serve`` must send (``--token`` overrides it;
+    at least 16 characters, checked by the server)."""
 
     @field_validator("signing_secret")
     @classmethod
@@ -205,28 +220,145 @@ class Settings(_Value):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {
-            "broker_url": env.get("CRIOGENAI_BROKER_URL") or None,
-            "result_backend": env.get("CRIOGENAI_RESULT_BACKEND") or None,
-            "redis_url": env.get("CRIOGENAI_REDIS_URL") or None,
-        }
-        named = (
-            "key_prefix",
-            "lease_secs",
-            "retention_secs",
-            "visibility_timeout_secs",
-            "celery_result_records",
-            "loop_stall_secs",
-            "heartbeat_ttl_secs",
-            "signing_secret",
-        )
-        for field in named:
-            raw = env.get(f"CRIOGENAI_{field.upper()}")
-            if raw:
-                values[field] = raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            raise ConfigurationError(f"invalid settings: {exc}") from exc
+        """Each field from ``CRIOGENAI_<FIELD>`` (unset or empty: the default), then ``overrides``
+        (None ones ignored). What criogenai uses wherever it is given no settings: from this
+        process's environment it is made once per distinct ``CRIOGENAI_*`` set and overrides."""
+        key = _key(overrides)
+        if environ is None and key is not None:
+            return _settings_of(_ours(cls), key)
+        return _from_env(cls, "settings", environ, overrides)
+
+
+WORKER_OPTIONS = ("log_format", "metrics_port", "metrics_host", "health_port", "health_host", "otel")
+"""The ``WorkerSettings`` that ``criogenai worker`` and ``celery -A criogenai.worker worker`` both take
+as options (``--log-format``, ...), each defaulting to its variable: declared once, here."""
+
+
+def _names(value: Any) -> Any:
+    """``"a, b"`` or ``["a,b", "c"]`` → ``("a", "b", "c")``: comma-separated names, as variables hold them."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list | tuple):
+        return tuple(n.strip() for group in value for n in str(group).split(",") if n.strip())
+    return value
+
+
+class WorkerSettings(_Value):
+    """One worker process's own settings: the tools it serves, its queues, and how it is observed.
+
+    Read from ``CRIOGENAI_<FIELD>`` like ``Settings``; the fields in ``WORKER_OPTIONS`` are options
+    of both worker commands too, and each field's docstring is its option's help.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    tools: tuple[str, ...] = ()
+    """Modules of @tool functions to serve (comma-separated)."""
+    queues: tuple[str, ...] = ()
+    """The queues to consume (comma-separated); none: every queue of the worker's tools."""
+    log_format: Literal["text", "json"] = "text"
+    """json: one JSON object per line, with run id, call id, tool, attempt, status and duration."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Serve Prometheus metrics on this port (needs criogenai[metrics]); 0: none."""
+    metrics_host: str = LOOPBACK
+    """The address the metrics endpoint binds to (0.0.0.0 in a container)."""
+    health_port: int = Field(0, ge=0, le=65535)
+    """Serve /livez and /readyz on this port, from the worker's main process; 0: none."""
+    health_host: str = LOOPBACK
+    """The address the health checks bind to (0.0.0.0 in a container)."""
+    otel: bool = False
+    """Trace each call with OpenTelemetry (needs criogenai[otel])."""
+
+    @field_validator("tools", "queues", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _names(value)
+
+    @field_validator("metrics_port", "health_port", mode="before")
+    @classmethod
+    def _port(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip().isdigit():
+            raise ValueError(f"must be a TCP port number, not {value!r}")
+        return value
+
+    @field_validator("otel", mode="before")
+    @classmethod
+    def _flag(cls, value: Any) -> Any:
+        """Any text but "", "0", "false" and "no" turns it on (``CRIOGENAI_OTEL=1``)."""
+        if isinstance(value, str):
+            return value.strip().lower() not in ("", "0", "false", "no")
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WorkerSettings:
+        """Each field from ``CRIOGENAI_<FIELD>`` (unset or empty: the default), then ``overrides``;
+        from this process's environment, made once per distinct ``CRIOGENAI_*`` set."""
+        key = _key(overrides)
+        if environ is None and key is not None:
+            return _worker_settings_of(_ours(cls), key)
+        return _from_env(cls, "worker settings", environ, overrides)
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a settings field: ``lease_secs`` → ``CRIOGENAI_LEASE_SECS``."""
+    return ENV_PREFIX + field.upper()
+
+
+def option_flag(name: str) -> str:
+    """A ``WorkerSettings`` field's command option: ``log_format`` → ``--log-format``."""
+    return "--" + name.replace("_", "-")
+
+
+def option_help(name: str) -> str:
+    """A ``WorkerSettings`` field's help as a command option: its docstring, its variable, its default."""
+    field = WorkerSettings.model_fields[name]
+    default = field.default
+    shown = "off" if default is False else ",".join(default) if isinstance(default, tuple) else str(default)
+    return f"{field.description} Default: ${env_name(name)}" + (f", else {shown}." if shown else ".")
+
+
+_S = TypeVar("_S", Settings, WorkerSettings)
+
+
+def _from_env(cls: type[_S], what: str, environ: Mapping[str, str] | None, overrides: dict[str, Any]) -> _S:
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {f: raw for f in cls.model_fields if (raw := env.get(env_name(f)))}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid {what}: {exc}") from exc
+
+
+_Key = tuple[tuple[str, Any], ...]
+
+
+def _key(overrides: dict[str, Any]) -> _Key | None:
+    """The overrides as a cache key, None when a value cannot be one (then nothing is cached)."""
+    key = tuple(sorted((k, v) for k, v in overrides.items() if v is not None))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _ours(cls: type[Settings | WorkerSettings]) -> tuple[tuple[str, str], ...]:
+    """The model's variables that are set in this process's environment, as a cache key."""
+    get = os.environ.get
+    return tuple((name, value) for name in _variables(cls) if (value := get(name)) is not None)
+
+
+@functools.cache
+def _variables(cls: type[Settings | WorkerSettings]) -> tuple[str, ...]:
+    return tuple(env_name(f) for f in cls.model_fields)
+
+
+@functools.lru_cache(maxsize=32)
+def _settings_of(environ: tuple[tuple[str, str], ...], overrides: _Key) -> Settings:
+    return _from_env(Settings, "settings", dict(environ), dict(overrides))
+
+
+@functools.lru_cache(maxsize=8)
+def _worker_settings_of(environ: tuple[tuple[str, str], ...], overrides: _Key) -> WorkerSettings:
+    return _from_env(WorkerSettings, "worker settings", dict(environ), dict(overrides))

@@ -1,15 +1,27 @@
-"""Exceptions, in three families.
+"""Exceptions, in three families; every error a caller can catch is defined here.
 
-ToolError                  raised by a tool's author; its message goes to the model
-CriogenaiError             raised by criogenai to programmers
-├── ToolDefinitionError    also a TypeError: a tool cannot be defined as written
-├── ConfigurationError     also a ValueError: a setting is wrong
-├── ToolFailed             a call failed under on_tool_exception="fail"; __cause__: the tool's exception
-├── CallFailed             a call's Celery task failed (tool_error, exception, timeout, ...): Celery's view
-└── StoreError             Redis failed a command of the store (approvals, catalog, results, ...)
-    └── StoreUnavailable   Redis did not answer, or refused this client
+ToolError                      raised by a tool's author; its message goes to the model
+CriogenaiError                 raised by criogenai to programmers
+├── ToolDefinitionError        also a TypeError: a tool cannot be defined as written
+├── ConfigurationError         also a ValueError: a setting is wrong
+├── ToolFailed                 a call failed under on_tool_exception="fail"; __cause__: the tool's error
+├── CallFailed                 a call's Celery task failed (tool_error, exception, timeout, ...)
+├── ApprovalConflict           a call was already decided otherwise; the first decision stands
+├── ApprovalNotFound           also a LookupError: no approval is stored for that run and call
+├── InvalidApprovalArguments   also a ValueError: edited arguments do not fit the tool's schema
+├── ModelError                 an agent's model could not be asked
+├── RunNotFound                also a LookupError: no agent run is stored under that id
+├── RunConflict                another process wrote to the same agent run at the same time
+├── MCPServerError             an MCP server could not start, broke mid-call, or did not speak MCP
+├── InvalidQuery               also a ValueError: a collection query has nothing to search for
+├── EmbeddingError             the embeddings server failed or answered nonsense
+└── StoreError                 Redis failed a command of the store (approvals, catalog, results, ...)
+    └── StoreUnavailable       Redis did not answer, or refused this client
 
-RemoteToolException        stands in for an exception raised in a worker process
+RemoteToolException            stands in for an exception raised in a worker process
+
+Each is also importable from the package that raises it (``criogenai.dispatcher``, ``.agent``,
+``.tools``, ``.documents``, ``.memory``) and from ``criogenai``.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._wire import ToolResult
+    from ._wire import PendingApproval, ToolResult
 
 
 class ToolError(Exception):
@@ -99,6 +111,55 @@ class StoreError(CriogenaiError):
 class StoreUnavailable(StoreError):
     """Redis did not answer (down, unreachable, too slow) or refused this client (its credentials,
     its certificate): trying again later may work, unless it was a refusal."""
+
+
+class ApprovalConflict(CriogenaiError):
+    """The call was already decided differently; the first decision stands (see ``approval``)."""
+
+    def __init__(self, message: str, approval: PendingApproval) -> None:
+        super().__init__(message)
+        self.approval = approval
+
+
+class ApprovalNotFound(CriogenaiError, LookupError):
+    """No approval is stored for that run and call (never asked, or past its retention)."""
+
+
+class InvalidApprovalArguments(CriogenaiError, ValueError):
+    """Edited arguments do not match the tool's schema; nothing was recorded."""
+
+    def __init__(self, message: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+class ModelError(CriogenaiError):
+    """The model could not be asked (HTTP errors after retries, a bad reply, an exhausted script)."""
+
+    code = "model_error"
+
+
+class RunNotFound(CriogenaiError, LookupError):
+    """No run is stored under that id (never started here, or past its retention)."""
+
+
+class RunConflict(CriogenaiError):
+    """Another process wrote to the run at the same time; this one stopped."""
+
+
+class MCPServerError(CriogenaiError):
+    """An MCP server could not be started, broke mid-call, or answered something that is not MCP.
+
+    A call that meets it ends ``exception`` with this text; the next call starts a new session.
+    """
+
+
+class InvalidQuery(CriogenaiError, ValueError):
+    """The query has nothing to search for (no letter or digit), or a filter is malformed."""
+
+
+class EmbeddingError(CriogenaiError):
+    """The embeddings server could not be reached, refused the request or answered nonsense."""
 
 
 CallFailed.__module__ = "criogenai"  # where Celery finds it when rebuilding it from a result record

@@ -29,10 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._config import env_name
 from ._errors import ConfigurationError
 from .store import Catalog, describe_conflict, versions
 from .tools import ToolRegistry
-from .tools._registry import tool_from_entry
+from .tools._tool import remote_tool
 
 if TYPE_CHECKING:
     import mcp_types
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "CRIOGENAI_MCP_TOKEN"
+TOKEN_ENV = env_name("mcp_token")
+"""Where the bearer token comes from unless ``--token`` gives it (``Settings.mcp_token``)."""
 MIN_TOKEN_CHARS = 16
 CALL_ID = "mcp-call"
 """Each ``tools/call`` is a run of its own with one call, always this id (so a run can be resumed)."""
@@ -77,7 +79,8 @@ class LiveRegistry(ToolRegistry):
                 log.warning("mcp serve: %s; left out of the list", describe_conflict(name, es))
                 continue
             old = self._tools.get(name)
-            tools[name] = old if old is not None and _same(old, es[0]) else tool_from_entry(es[0])
+            new = es[0].definition
+            tools[name] = old if old is not None and old.definition == new else remote_tool(new)
         self._tools = tools  # one assignment: a reader sees the old set or the new one
         self._read_at = time.monotonic()
         return list(tools.values())
@@ -85,13 +88,6 @@ class LiveRegistry(ToolRegistry):
     def refresh_if_stale(self) -> None:
         if time.monotonic() - self._read_at >= REFRESH_SECS:
             self.refresh()
-
-
-def _same(t: Tool[..., Any], e: Any) -> bool:
-    flags = (t.read_only, t.idempotent, t.destructive, t.queue, t.timeout_secs)
-    return t.schema_hash == e.schema_hash and flags == (
-        e.read_only, e.idempotent, e.destructive, e.queue, e.timeout_secs
-    )
 
 
 def as_mcp_tool(t: Tool[..., Any]) -> mcp_types.Tool:

@@ -1,15 +1,21 @@
 """The data that crosses processes: versioned, frozen pydantic models.
 
 The dispatcher and the worker share nothing else but these models, the key names in ``_keys`` and
-the tool definitions. Every model carries ``v`` so that a fleet in the middle of a rolling upgrade
-can refuse what it does not understand instead of misreading it.
+the tool definitions. Every model carries ``v`` (from ``Versioned``, the one base of everything
+criogenai writes for another process or a later read: calls, results, messages, run records,
+catalog records, approvals) so that a fleet in the middle of a rolling upgrade can refuse what it
+does not understand instead of misreading it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from ._keys import DEFAULT_QUEUE
 
 WIRE_VERSION: Literal[1] = 1
 DEFAULT_MAX_STORED_CHARS = 1_000_000
@@ -57,24 +63,79 @@ FAILED_STATUSES: frozenset[str] = frozenset(
 OnToolException = Literal["return_to_model", "return_generic", "fail"]
 
 
-class _Wire(BaseModel):
+class Versioned(BaseModel):
+    """Data that crosses processes or outlives one: frozen, unknown fields refused, and a ``v``.
+
+    A model changes its format by overriding ``v`` (``v: Literal[2] = 2``); a reader that meets a
+    version it does not know refuses the record instead of guessing.
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    v: Literal[1] = WIRE_VERSION
 
-class ToolCall(_Wire):
+
+class ToolDefinition(Versioned):
+    """A tool as the model and the engine see it, without its code: one description used everywhere.
+
+    ``Tool.definition`` is this; a worker publishes it to the catalog (``CatalogEntry`` adds who
+    serves it), an agent offers it to its model, and an approval records its schema and hash.
+    """
+
+    name: str
+    description: str
+    """What the model reads about the tool (a function's cleaned docstring by default)."""
+    parameters: dict[str, Any]
+    """The JSON Schema of the arguments, exactly as the model sees it."""
+    read_only: bool = False
+    idempotent: bool = False
+    destructive: bool = False
+    timeout_secs: float | None = None
+    """The tool's own time limit per call; None: the dispatcher's ``Limits.tool_timeout_secs``."""
+    queue: str = DEFAULT_QUEUE
+    """The Celery queue its calls are sent to."""
+    schema_hash: str = ""
+    """A short hash of name, description and parameters, to tell two versions of a tool apart.
+    Always derived from them (a value given is replaced); kept in the data for readers of the catalog."""
+
+    @model_validator(mode="after")
+    def _derive_hash(self) -> ToolDefinition:
+        described = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        text = json.dumps(described, sort_keys=True, separators=(",", ":"))
+        object.__setattr__(self, "schema_hash", hashlib.sha256(text.encode()).hexdigest()[:16])
+        return self
+
+    @property
+    def retryable(self) -> bool:
+        """Read-only and idempotent tools may be run again; other tools never are."""
+        return self.read_only or self.idempotent
+
+    @property
+    def flags(self) -> list[str]:
+        """The flags that are set, by name."""
+        return [f for f in ("read_only", "idempotent", "destructive") if getattr(self, f)]
+
+    @property
+    def version(self) -> str:
+        """The schema hash, plus whatever else of the definition calls depend on when it differs."""
+        extra = f" queue={self.queue}" + (f" flags={','.join(self.flags)}" if self.flags else "")
+        if self.timeout_secs is not None:
+            extra += f" timeout={self.timeout_secs:g}s"
+        return self.schema_hash + extra
+
+
+class ToolCall(Versioned):
     """One call the model asked for: its id, the tool's name and the arguments as the model sent them."""
 
-    v: Literal[1] = WIRE_VERSION
     id: str = Field(min_length=1, max_length=256)
     name: str
     arguments: Any = Field(default_factory=dict)
     """Usually a dict; anything else is reported as ``invalid_arguments``, never raised."""
 
 
-class ToolResult(_Wire):
+class ToolResult(Versioned):
     """The outcome of one call. ``content`` is exactly what the model is sent."""
 
-    v: Literal[1] = WIRE_VERSION
     call_id: str
     name: str
     run_id: str = ""
@@ -102,10 +163,9 @@ class ToolResult(_Wire):
         return self.status == "ok"
 
 
-class ToolTask(_Wire):
+class ToolTask(Versioned):
     """The body of a Celery task: one validated call and the policy its worker applies to it."""
 
-    v: Literal[1] = WIRE_VERSION
     run_id: str
     call: ToolCall
     timeout_secs: float = Field(gt=0)
@@ -131,3 +191,39 @@ class ToolTask(_Wire):
     signature: str | None = Field(None, exclude_if=lambda v: v is None)
     """HMAC of the call by its dispatcher (``criogenai._signing``), when a signing secret is set.
     Left out of the message when None, so workers that predate it still read unsigned calls."""
+
+
+Decision = Literal["pending", "approved", "rejected"]
+
+
+class PendingApproval(Versioned):
+    """One call that waits (or waited) for a person, and what they decided."""
+
+    run_id: str
+    call: ToolCall
+    """The call as it was put to the person (after any ``before_tool`` hook changed it)."""
+    parameters: dict[str, Any]
+    """The tool's JSON Schema (its ``ToolDefinition.parameters``), so that any process can check
+    edited arguments without the tool."""
+    schema_hash: str = ""
+    """The definition's ``schema_hash`` when the call was put to a person."""
+    requested_at: float
+    decision: Decision = "pending"
+    arguments: dict[str, Any] | None = None
+    """Edited arguments of an approval; None when approved as asked (or not approved)."""
+    by: str = ""
+    reason: str = ""
+    decided_at: float | None = None
+
+    @property
+    def call_id(self) -> str:
+        return self.call.id
+
+    @property
+    def tool_name(self) -> str:
+        return self.call.name
+
+    @property
+    def effective_arguments(self) -> Any:
+        """The arguments the call runs with once approved."""
+        return self.call.arguments if self.arguments is None else self.arguments

@@ -46,14 +46,14 @@ def fresh() -> tuple[Approvals, str]:
     store = MemoryApprovalStore()
     run_id = uuid.uuid4().hex
     call = ToolCall(id="c1", name="refund", arguments={"order": "A-1", "amount": 10})
-    request_approval(store, run_id, call, refund.schema, refund.schema_hash)
+    request_approval(store, run_id, call, refund.definition)
     return Approvals(Settings(), store=store), run_id
 
 
 def test_asking_twice_keeps_the_first_request() -> None:
     approvals, run_id = fresh()
     again = ToolCall(id="c1", name="refund", arguments={"order": "B-2", "amount": 1})
-    standing = request_approval(approvals.store, run_id, again, refund.schema, refund.schema_hash)
+    standing = request_approval(approvals.store, run_id, again, refund.definition)
     assert standing.call.arguments == {"order": "A-1", "amount": 10}
 
 

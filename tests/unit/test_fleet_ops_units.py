@@ -13,7 +13,7 @@ from criogenai import CatalogEntry, Tool, ToolContext
 from criogenai._logging import JsonFormatter
 from criogenai.store import describe_conflict, versions
 from criogenai.tools import InvalidArguments, ValidArguments
-from criogenai.tools._registry import tool_from_entry
+from criogenai.tools._tool import remote_tool
 
 CLINIC = [v for v in vars(clinic).values() if isinstance(v, Tool)]
 
@@ -39,7 +39,7 @@ def _entry(t: Tool[..., Any], worker: str = "w1@host") -> CatalogEntry:
 def test_a_tool_rebuilt_from_its_catalog_record_judges_calls_as_the_worker_does(
     original: Tool[..., Any],
 ) -> None:
-    rebuilt = tool_from_entry(_entry(original))
+    rebuilt = remote_tool(_entry(original).definition)
     assert rebuilt.schema_hash == original.schema_hash
     assert (rebuilt.queue, rebuilt.read_only, rebuilt.idempotent, rebuilt.destructive) == (
         original.queue,
@@ -57,7 +57,7 @@ def test_a_tool_rebuilt_from_its_catalog_record_judges_calls_as_the_worker_does(
 
 
 def test_a_rebuilt_tool_refuses_to_run_in_the_agent_process() -> None:
-    rebuilt = tool_from_entry(_entry(clinic.get_lab_result))
+    rebuilt = remote_tool(_entry(clinic.get_lab_result).definition)
     with pytest.raises(RuntimeError, match="runs on the workers"):
         rebuilt.invoke({"test_id": "LAB-1"}, ToolContext(call_id="c", run_id="r"))
 
@@ -78,6 +78,21 @@ def test_records_of_one_name_with_different_schemas_are_two_versions_naming_thei
     line = describe_conflict("get_lab_result", [*old, new])
     for text in ("w1@a, w2@b", "w3@c", clinic.get_lab_result.schema_hash, newer.schema_hash):
         assert text in line
+
+
+def test_a_catalog_record_keeps_the_flat_shape_that_workers_and_dispatchers_of_either_version_read() -> None:
+    # Given a record as criogenai wrote it before a tool's definition had a model of its own
+    t = clinic.get_lab_result
+    before = {
+        "v": 1, "name": t.name, "description": t.description, "parameters": t.schema,
+        "read_only": t.read_only, "idempotent": t.idempotent, "destructive": t.destructive,
+        "timeout_secs": t.timeout_secs, "queue": t.queue, "schema_hash": t.schema_hash,
+        "worker": "w1@host", "published_at": 1000.0, "ttl_secs": 90.0,
+    }
+    # Then it is read as the same definition, and what is written now is that record, key for key
+    read = CatalogEntry.model_validate_json(json.dumps(before))
+    assert read.definition == t.definition
+    assert json.loads(CatalogEntry.of(t, "w1@host", 1000.0).model_dump_json()) == before
 
 
 def test_a_record_of_another_version_is_refused() -> None:

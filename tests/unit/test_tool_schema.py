@@ -15,7 +15,7 @@ from examples.clinic import Address, get_lab_result, schedule_visit, send
 from pydantic import BaseModel, Field
 
 from criogenai import Tool, ToolContext, ToolDefinitionError, tool, tool_from_schema
-from criogenai.tools import InvalidArguments, ValidArguments
+from criogenai.tools import InvalidArguments, ToolDefinition, ValidArguments
 
 ARGS = {"patient_ref": "P-1", "kind": "home", "slots": ["2025-01-01T09:00"]}
 
@@ -482,7 +482,7 @@ def test_name_argument_overrides_the_function_name() -> None:
 def test_name_of_letters_digits_underscore_dash_up_to_64_chars_is_accepted(name: str) -> None:
     t = tool(name=name)(lambda: None)
     assert t.name == name
-    assert t.definition["name"] == name
+    assert t.definition.name == name
 
 
 @pytest.mark.parametrize(
@@ -656,17 +656,26 @@ def test_non_positive_timeout_is_refused(timeout: float) -> None:
 # -- definition --------------------------------------------------------------------------------
 
 
-def test_definition_has_name_description_and_parameters() -> None:
-    assert send.definition == {
-        "name": "send_message",
-        "description": "Send a message to the care team.",
-        "parameters": send.schema,
-    }
-    assert schedule_visit.definition["parameters"] == schedule_visit.schema
+def test_definition_has_name_description_parameters_and_flags() -> None:
+    d = send.definition
+    assert (d.name, d.description) == ("send_message", "Send a message to the care team.")
+    assert d.parameters == send.schema
+    assert (d.read_only, d.idempotent, d.destructive, d.queue) == (
+        send.read_only, send.idempotent, send.destructive, send.queue
+    )
+    assert d.schema_hash == send.schema_hash
+    assert schedule_visit.definition.parameters == schedule_visit.schema
 
 
-def test_definition_is_json_serialisable() -> None:
-    assert json.loads(json.dumps(schedule_visit.definition)) == schedule_visit.definition
+def test_definition_round_trips_through_json() -> None:
+    d = schedule_visit.definition
+    assert ToolDefinition.model_validate_json(d.model_dump_json()) == d
+
+
+def test_changing_a_definition_changes_nothing_the_tool_validates_against() -> None:
+    d = send.definition
+    d.parameters["properties"].clear()
+    assert send.definition.parameters == send.schema != d.parameters
 
 
 def test_schema_hash_changes_with_the_definition() -> None:
@@ -704,7 +713,7 @@ def test_tool_from_schema_keeps_the_schema_as_given() -> None:
     refund = make_refund()
 
     assert refund.schema == REFUND_SCHEMA
-    assert refund.definition == {
+    assert refund.definition.model_dump(include={"name", "description", "parameters"}) == {
         "name": "issue_refund",
         "description": "Refund an order.",
         "parameters": REFUND_SCHEMA,

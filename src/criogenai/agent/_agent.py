@@ -36,7 +36,6 @@ from ._model import (
     ModelRequest,
     SystemMessage,
     ToolMessage,
-    ToolSpec,
     UserMessage,
 )
 from ._openai import OpenAIModel
@@ -158,10 +157,7 @@ class Agent:
         self._genai: dict[str, str] = {"gen_ai.provider.name": str(provider)}
         if isinstance(getattr(self.model, "model", None), str):
             self._genai["gen_ai.request.model"] = self.model.model  # type: ignore[attr-defined]
-        self._specs = [
-            ToolSpec(name=t.name, description=t.description, parameters=t.schema)
-            for t in self.dispatcher.registry
-        ]
+        self._specs = [t.definition for t in self.dispatcher.registry]
 
     def __repr__(self) -> str:
         return f"<Agent {self.model!r} tools={self.dispatcher.registry.names()}>"

@@ -57,7 +57,8 @@ class HTTPModel:
 
     @property
     def base_url(self) -> str:
-        """From the constructor, else the provider's environment variable, else its public API."""
+        """From the constructor, else the provider's environment variable, else its public API.
+        (The provider's variables, not criogenai's settings: read here, where they are used.)"""
         return (self._base_url or os.environ.get(self.base_url_env) or self.default_base_url).rstrip("/")
 
     def api_key(self) -> str | None:

@@ -11,35 +11,27 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import Field
 
-from .._errors import CriogenaiError
-from .._wire import ToolCall, ToolResult
-
-MESSAGE_VERSION: Literal[1] = 1
+from .._errors import ModelError as ModelError
+from .._wire import ToolCall, ToolDefinition, ToolResult, Versioned
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    v: Literal[1] = MESSAGE_VERSION
-
-
-class SystemMessage(_Message):
+class SystemMessage(Versioned):
     """The agent's instructions."""
 
     role: Literal["system"] = "system"
     content: str
 
 
-class UserMessage(_Message):
+class UserMessage(Versioned):
     """The prompt a run starts with."""
 
     role: Literal["user"] = "user"
     content: str
 
 
-class AssistantMessage(_Message):
+class AssistantMessage(Versioned):
     """One model turn: text, tool calls, or both. No calls means the model has answered."""
 
     role: Literal["assistant"] = "assistant"
@@ -47,7 +39,7 @@ class AssistantMessage(_Message):
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
-class ToolMessage(_Message):
+class ToolMessage(Versioned):
     """One call's outcome as the model reads it: ``content`` is exactly the text it is sent."""
 
     role: Literal["tool"] = "tool"
@@ -67,19 +59,16 @@ Message = Annotated[
 ]
 
 
-class ToolSpec(_Message):
-    """A tool as a model is offered it: name, description and the JSON Schema of its arguments."""
-
-    name: str
-    description: str
-    parameters: dict[str, JsonValue]
+ToolSpec = ToolDefinition
+"""A tool as a model is offered it: its ``ToolDefinition`` (``Tool.definition``), the one model of a
+tool that the catalog and approvals use too. Adapters send its name, description and parameters."""
 
 
-class ModelRequest(_Message):
+class ModelRequest(Versioned):
     """Everything a model was sent in one round."""
 
     messages: list[Message]
-    tools: list[ToolSpec]
+    tools: list[ToolDefinition]
 
     @property
     def tool_results(self) -> dict[str, str]:
@@ -91,12 +80,6 @@ class ModelRequest(_Message):
             if isinstance(m, ToolMessage):
                 news[m.call_id] = m.content
         return dict(reversed(news.items()))
-
-
-class ModelError(CriogenaiError):
-    """The model could not be asked (HTTP errors after retries, a bad reply, an exhausted script)."""
-
-    code = "model_error"
 
 
 @runtime_checkable

@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 
-from .._wire import ToolCall
+from .._wire import ToolCall, ToolDefinition
 from ..tools._shapes import openai_tool
 from ._http import HTTPModel
-from ._model import AssistantMessage, Message, ModelError, ModelRequest, SystemMessage, ToolSpec, UserMessage
+from ._model import AssistantMessage, Message, ModelError, ModelRequest, SystemMessage, UserMessage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -57,7 +57,7 @@ class OpenAIModel(HTTPModel):
         return parse_reply(response)
 
 
-def wire_tool(t: ToolSpec, *, strict: bool = True) -> dict[str, Any]:
+def wire_tool(t: ToolDefinition, *, strict: bool = True) -> dict[str, Any]:
     return openai_tool(t.name, t.description, t.parameters, strict=strict)
 
 

@@ -10,22 +10,20 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .._config import Settings
-from .._errors import CriogenaiError
-from .._wire import ToolResult
+from .._errors import RunConflict as RunConflict
+from .._errors import RunNotFound as RunNotFound
+from .._wire import ToolResult, Versioned
 from ..store import RunStore, make_run_store
 from ._model import Message
 
 RunStatus = Literal["running", "completed", "failed", "waiting_for_approval", "max_rounds"]
-RECORD_VERSION: Literal[1] = 1
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    v: Literal[1] = RECORD_VERSION
+class _Record(Versioned):
+    """A run's stored data, versioned like everything else criogenai keeps."""
 
 
 class RunEntry(_Record):
@@ -56,14 +54,6 @@ class RunState(_Record):
     error: RunError | None = None
     user: str | None = Field(None, exclude_if=lambda v: v is None)
     """The scope the run's calls carry (``Agent.run(..., user=)``): whose memories they reach."""
-
-
-class RunNotFound(CriogenaiError, LookupError):
-    """No run is stored under that id (never started here, or past its retention)."""
-
-
-class RunConflict(CriogenaiError):
-    """Another process wrote to the run at the same time; this one stopped."""
 
 
 class RunRecords:

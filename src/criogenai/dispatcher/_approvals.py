@@ -12,90 +12,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from .._config import Settings
+from .._errors import ApprovalConflict as ApprovalConflict
+from .._errors import ApprovalNotFound as ApprovalNotFound
 from .._errors import CriogenaiError
-from .._wire import WIRE_VERSION, ToolCall, _Wire
+from .._errors import InvalidApprovalArguments as InvalidApprovalArguments
+from .._wire import PendingApproval as PendingApproval
+from .._wire import ToolCall, ToolDefinition
 from ..store import ApprovalStore, make_approval_store
-from ..tools import InvalidArguments, tool_from_schema
-
-Decision = Literal["pending", "approved", "rejected"]
-
-
-class PendingApproval(_Wire):
-    """One call that waits (or waited) for a person, and what they decided."""
-
-    v: Literal[1] = WIRE_VERSION
-    run_id: str
-    call: ToolCall
-    """The call as it was put to the person (after any ``before_tool`` hook changed it)."""
-    parameters: dict[str, Any]
-    """The tool's JSON Schema, so that any process can check edited arguments without the tool."""
-    schema_hash: str = ""
-    requested_at: float
-    decision: Decision = "pending"
-    arguments: dict[str, Any] | None = None
-    """Edited arguments of an approval; None when approved as asked (or not approved)."""
-    by: str = ""
-    reason: str = ""
-    decided_at: float | None = None
-
-    @property
-    def call_id(self) -> str:
-        return self.call.id
-
-    @property
-    def tool_name(self) -> str:
-        return self.call.name
-
-    @property
-    def effective_arguments(self) -> Any:
-        """The arguments the call runs with once approved."""
-        return self.call.arguments if self.arguments is None else self.arguments
-
-
-class ApprovalConflict(CriogenaiError):
-    """The call was already decided differently; the first decision stands (see ``approval``)."""
-
-    def __init__(self, message: str, approval: PendingApproval) -> None:
-        super().__init__(message)
-        self.approval = approval
-
-
-class ApprovalNotFound(CriogenaiError, LookupError):
-    """No approval is stored for that run and call (never asked, or past its retention)."""
-
-
-class InvalidApprovalArguments(CriogenaiError, ValueError):
-    """Edited arguments do not match the tool's schema; nothing was recorded."""
-
-    def __init__(self, message: str, problems: list[str]) -> None:
-        super().__init__(message)
-        self.problems = problems
+from ..tools._tool import argument_problems
 
 
 def request_approval(
-    store: ApprovalStore, run_id: str, call: ToolCall, parameters: dict[str, Any], schema_hash: str
+    store: ApprovalStore, run_id: str, call: ToolCall, definition: ToolDefinition
 ) -> PendingApproval:
     """Put a call to a person, unless it already was; returns the record that stands."""
     now = time.time()
     record = PendingApproval(
-        run_id=run_id, call=call, parameters=parameters, schema_hash=schema_hash, requested_at=now
+        run_id=run_id,
+        call=call,
+        parameters=definition.parameters,
+        schema_hash=definition.schema_hash,
+        requested_at=now,
     )
     return PendingApproval.model_validate_json(store.add(run_id, call.id, record.model_dump_json(), now))
 
 
 def check_edit(record: PendingApproval, arguments: Any) -> list[str]:
     """The problems of edited arguments against the schema the call was put with (empty if fine)."""
-    checker = tool_from_schema(
-        name=record.tool_name,
-        description="",
-        parameters=record.parameters,
-        fn=lambda **_: None,
-    )
-    checked = checker.validate(arguments)
-    return checked.problems if isinstance(checked, InvalidArguments) else []
+    return argument_problems(record.parameters, arguments)
 
 
 MAX_SWAP_TRIES = 5

@@ -16,12 +16,11 @@ from .._message import hard_limit_secs
 from .._signing import sign
 from .._tracing import note_turn, traced_turn
 from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
-from ..store import Gate as LimitGate
-from ..store import Ledger, make_ledger
+from ..store import Gate, Ledger, make_ledger
 from ..tools import MCPServer, Tool, ToolRegistry
 from ._admission import Send
 from ._approvals import Approvals
-from ._gate import Gate
+from ._checkpoint import Checkpoint
 from ._hooks import AfterHook, BeforeHook
 from ._inprocess import InProcessEngine
 from ._seam import Engine, Gathered
@@ -76,7 +75,7 @@ class Dispatcher:
         self.on_tool_exception: OnToolException = on_tool_exception
         self.settings = settings or Settings.from_env(broker_url=broker_url, result_backend=result_backend)
         self._check_limits()
-        self._gate = Gate(
+        self._checkpoint = Checkpoint(
             self.registry,
             self.settings,
             approve=approve,
@@ -153,7 +152,7 @@ class Dispatcher:
         awaits this cancels the turn (``cancel``). Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
         """
         ordered, rid, valid, done = self._prepare(calls, run_id)
-        turn = await self._gate.before(rid, valid, done, self._start().ledger if run_id else None)
+        turn = await self._checkpoint.before(rid, valid, done, self._start().ledger if run_id else None)
         sends = self._sends(turn.valid, rid, tenant, check_scope(scope))
         future = self._start().submit(
             rid, sends, check_finished=run_id is not None, loop=asyncio.get_running_loop()
@@ -164,7 +163,7 @@ class Dispatcher:
             # Off the event loop: cancelling does a few Redis round trips.
             threading.Thread(target=self.cancel, args=(rid,), name="criogenai-cancel", daemon=True).start()
             raise
-        after = await self._gate.after(turn, ordered, gathered | turn.done)
+        after = await self._checkpoint.after(turn, ordered, gathered | turn.done)
         return self._finish(ordered, {}, after, _causes(gathered))
 
     @traced_turn
@@ -182,13 +181,13 @@ class Dispatcher:
         refuse_on_a_running_loop("run_turn_sync")
         ordered, rid, valid, done = self._prepare(calls, run_id)
         ledger = self._start().ledger if run_id else None
-        name = "run_turn_sync"
-        turn = None if self._gate.empty else run_sync(self._gate.before(rid, valid, done, ledger), name)
+        name, checkpoint = "run_turn_sync", self._checkpoint
+        turn = None if checkpoint.empty else run_sync(checkpoint.before(rid, valid, done, ledger), name)
         sends = self._sends(turn.valid if turn else valid, rid, tenant, check_scope(scope))
         gathered = self._start().submit(rid, sends, check_finished=run_id is not None).result()
         if turn is None:
             return self._finish(ordered, done, gathered, _causes(gathered))
-        after = run_sync(self._gate.after(turn, ordered, gathered | turn.done), name)
+        after = run_sync(checkpoint.after(turn, ordered, gathered | turn.done), name)
         return self._finish(ordered, {}, after, _causes(gathered))
 
     def cancel(self, run_id: str) -> None:
@@ -202,7 +201,7 @@ class Dispatcher:
     @property
     def approvals(self) -> Approvals:
         """Decide this dispatcher's pending approvals in process (any process can: see ``Approvals``)."""
-        return self._gate.approvals
+        return self._checkpoint.approvals
 
     def fetch_full(self, run_id: str, call_id: str) -> str:
         """The full text of a call's result, kept with its run beyond the cut the model read.
@@ -237,21 +236,21 @@ class Dispatcher:
             for v in valid
         ]
 
-    def _gates(self, tool: Tool[..., Any], tenant: str | None) -> tuple[LimitGate, ...]:
+    def _gates(self, tool: Tool[..., Any], tenant: str | None) -> tuple[Gate, ...]:
         """The fleet-wide limits a call of this tool takes a place in before it is published."""
-        gates: list[LimitGate] = []
+        gates: list[Gate] = []
         caps = [n for n in (tool.max_concurrency, self.limits.tool_concurrency.get(tool.name)) if n]
         if caps:
-            gates.append(LimitGate(f"tool:{tool.name}", min(caps)))
+            gates.append(Gate(f"tool:{tool.name}", min(caps)))
         tenant_cap = self.limits.tenant_limit(tenant)
         if tenant is not None and tenant_cap:
-            gates.append(LimitGate(f"tenant:{tenant}", tenant_cap))
+            gates.append(Gate(f"tenant:{tenant}", tenant_cap))
         tool_rate = self.limits.tool_rate.get(tool.name)
         if tool_rate:
-            gates.append(LimitGate(f"rate:tool:{tool.name}", *parse_rate(tool_rate)))
+            gates.append(Gate(f"rate:tool:{tool.name}", *parse_rate(tool_rate)))
         tenant_rate = self.limits.tenant_rate_of(tenant)
         if tenant is not None and tenant_rate:
-            gates.append(LimitGate(f"rate:tenant:{tenant}", *parse_rate(tenant_rate)))
+            gates.append(Gate(f"rate:tenant:{tenant}", *parse_rate(tenant_rate)))
         return tuple(gates)
 
     def _task(self, v: ValidCall, run_id: str, reply_to: str, scope: str | None = None) -> ToolTask:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .._errors import CriogenaiError
+from .._errors import InvalidQuery as InvalidQuery
 
 MAX_TERMS = 32
 """Distinct words of a query that are searched for; the rest of a very long query is ignored."""
@@ -19,10 +19,6 @@ QUERY_PATTERN = r"[^\W_]"
 """What a query must contain to mean anything (a letter or digit): the tool schema's pattern."""
 
 _WORD = re.compile(r"[^\W_]+")
-
-
-class InvalidQuery(CriogenaiError, ValueError):
-    """The query has nothing to search for (no letter or digit), or a filter is malformed."""
 
 
 def terms(query: str) -> list[str]:

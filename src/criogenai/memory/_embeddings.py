@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from .._errors import CriogenaiError
+from .._errors import EmbeddingError as EmbeddingError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -21,10 +21,6 @@ class Embedder(Protocol):
     """Turns texts into vectors (one per text, in order)."""
 
     def embed(self, texts: list[str]) -> list[list[float]]: ...
-
-
-class EmbeddingError(CriogenaiError):
-    """The embeddings server could not be reached, refused the request or answered nonsense."""
 
 
 class OpenAIEmbeddings:
@@ -53,6 +49,7 @@ class OpenAIEmbeddings:
 
     @property
     def base_url(self) -> str:
+        # OPENAI_*: the provider's own variables, as its SDK reads them; not criogenai settings.
         return (self._base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
 
     def embed(self, texts: list[str]) -> list[list[float]]:

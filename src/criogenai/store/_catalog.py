@@ -1,11 +1,11 @@
 """The tool catalog: what each live worker serves, published to Redis with its heartbeat.
 
-A worker's heartbeat writes one record per tool it serves (name, description, JSON Schema, flags,
-queue, schema hash) under that tool's hash in Redis, at its first beat and every half minute after;
-a record counts while it is fresh and its worker still beats on the tool's queue (the worker sets
-the dispatchers watch). An agent process reads the records back to build tools that validate calls
-exactly as the workers would, without importing the tools' code, and to notice when two live
-workers serve one name with different definitions.
+A worker's heartbeat writes one record per tool it serves (its ``ToolDefinition``: name,
+description, JSON Schema, flags, queue, schema hash) under that tool's hash in Redis, at its first
+beat and every half minute after; a record counts while it is fresh and its worker still beats on
+the tool's queue (the worker sets the dispatchers watch). An agent process reads the definitions
+back to build tools that validate calls exactly as the workers would, without importing the tools'
+code, and to notice when two live workers serve one name with different definitions.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from .._config import Settings
 from .._errors import ConfigurationError
 from .._keys import Keys
+from .._wire import ToolDefinition
 from ._ledger import HEARTBEAT_TTL_SECS
 from ._redis import redis_client, store_edge
 
@@ -42,38 +43,18 @@ class Described(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def description(self) -> str: ...
-    @property
-    def schema(self) -> dict[str, Any]: ...
-    @property
-    def read_only(self) -> bool: ...
-    @property
-    def idempotent(self) -> bool: ...
-    @property
-    def destructive(self) -> bool: ...
-    @property
-    def timeout_secs(self) -> float | None: ...
-    @property
     def queue(self) -> str: ...
     @property
-    def schema_hash(self) -> str: ...
+    def definition(self) -> ToolDefinition: ...
 
 
-class CatalogEntry(BaseModel):
-    """One tool as one worker serves it. ``schema_hash`` tells two versions of a tool apart."""
+class CatalogEntry(ToolDefinition):
+    """One tool as one worker serves it: the tool's definition, the worker, and when it said so.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    On the wire a flat record (the definition's fields, then these), as it was before the
+    definition had a model of its own, so dispatchers and workers of either version read it.
+    """
 
-    v: Literal[1] = 1
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    read_only: bool = False
-    idempotent: bool = False
-    destructive: bool = False
-    timeout_secs: float | None = None
-    queue: str
-    schema_hash: str
     worker: str
     published_at: float
     """Unix time the worker last wrote this record."""
@@ -86,42 +67,28 @@ class CatalogEntry(BaseModel):
     @classmethod
     def of(
         cls,
-        t: Described,
+        t: Described | ToolDefinition,
         worker: str,
         now: float,
         ttl_secs: float = CATALOG_TTL_SECS,
         key_id: str | None = None,
     ) -> CatalogEntry:
+        definition = t if isinstance(t, ToolDefinition) else t.definition
         return cls(
-            name=t.name,
-            description=t.description,
-            parameters=t.schema,
-            read_only=t.read_only,
-            idempotent=t.idempotent,
-            destructive=t.destructive,
-            timeout_secs=t.timeout_secs,
-            queue=t.queue,
-            schema_hash=t.schema_hash,
+            **definition.model_dump(exclude={"v"}),
             worker=worker,
             published_at=now,
             ttl_secs=ttl_secs,
             key_id=key_id,
         )
 
+    @property
+    def definition(self) -> ToolDefinition:
+        """The tool's definition alone, without who serves it."""
+        return ToolDefinition.model_validate(self.model_dump(include=set(ToolDefinition.model_fields)))
+
     def fresh(self, now: float) -> bool:
         return now - self.published_at < self.ttl_secs
-
-    @property
-    def version(self) -> str:
-        """The schema hash, plus whatever else of the definition calls depend on when it differs."""
-        extra = f" queue={self.queue}" + (f" flags={','.join(self.flags)}" if self.flags else "")
-        if self.timeout_secs is not None:
-            extra += f" timeout={self.timeout_secs:g}s"
-        return self.schema_hash + extra
-
-    @property
-    def flags(self) -> list[str]:
-        return [f for f in ("read_only", "idempotent", "destructive") if getattr(self, f)]
 
 
 @store_edge

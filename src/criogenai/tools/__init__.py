@@ -1,5 +1,6 @@
 """The definition side: tools, their schemas, their validation and their results' text."""
 
+from .._wire import ToolDefinition
 from ._content import DEFAULT_MAX_RESULT_CHARS, Content, cut, to_json_text
 from ._context import ToolContext
 from ._mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP
@@ -18,6 +19,7 @@ __all__ = [
     "MCPServerStreamableHTTP",
     "Tool",
     "ToolContext",
+    "ToolDefinition",
     "ToolRegistry",
     "ValidArguments",
     "cut",

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._errors import CriogenaiError
+from .._errors import MCPServerError as MCPServerError
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -27,13 +27,6 @@ SIGTERM, then SIGKILL 2 s later."""
 
 PING_SECS = 5.0
 """A session whose server does not answer a request this fast after a call ran out of time is replaced."""
-
-
-class MCPServerError(CriogenaiError):
-    """An MCP server could not be started, broke mid-call, or answered something that is not MCP.
-
-    A call that meets it ends ``exception`` with this text; the next call starts a new session.
-    """
 
 
 def describe(exc: BaseException) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
-from ..store import Catalog, CatalogEntry, describe_conflict, versions
+from ..store import Catalog, describe_conflict, versions
 from ._mcp import MCPServer
-from ._tool import Tool, tool_from_schema
+from ._tool import Tool, remote_tool
 
 if TYPE_CHECKING:
     from .._config import Settings
@@ -89,7 +89,7 @@ class ToolRegistry:
 
 
 def catalog_registry(catalog: Catalog, names: Sequence[str]) -> ToolRegistry:
-    """Tools built from the live workers' records, for a dispatcher with no tool code.
+    """Tools from the live workers' definitions, for a dispatcher with no tool code.
 
     Raises ConfigurationError when a name has no live worker, or when its live workers serve
     it with different definitions (the message names the workers and the schema hashes).
@@ -105,26 +105,4 @@ def catalog_registry(catalog: Catalog, names: Sequence[str]) -> ToolRegistry:
     problems = [describe_conflict(n, entries[n]) for n in wanted if len(versions(entries[n])) > 1]
     if problems:
         raise ConfigurationError("; ".join(problems) + ". Finish rolling the fleet out to one version.")
-    return ToolRegistry(tool_from_entry(entries[name][0]) for name in wanted)
-
-
-def tool_from_entry(e: CatalogEntry) -> Tool[..., Any]:
-    """A tool that validates like the worker's (same schema, flags and queue) but runs nowhere here."""
-    return tool_from_schema(
-        name=e.name,
-        description=e.description,
-        parameters=e.parameters,
-        fn=_remote_only(e.name),
-        read_only=e.read_only,
-        idempotent=e.idempotent,
-        destructive=e.destructive,
-        timeout_secs=e.timeout_secs,
-        queue=e.queue,
-    )
-
-
-def _remote_only(name: str) -> Any:
-    def run_on_the_fleet(**_: Any) -> NoReturn:
-        raise RuntimeError(f"tool {name!r} runs on the workers; this process has only its schema")
-
-    return run_on_the_fleet
+    return ToolRegistry(remote_tool(entries[name][0].definition) for name in wanted)

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
-import json
 import re
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from .._errors import ToolDefinitionError
 from .._keys import DEFAULT_QUEUE as DEFAULT_QUEUE
+from .._wire import ToolDefinition
 from ._context import ToolContext
 from ._schema import build_function_schema
 from ._shapes import anthropic_tool, openai_strict_ok, openai_tool
@@ -80,21 +79,26 @@ class Tool(Generic[P, R]):
             raise ToolDefinitionError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from exc
         if parameters.get("type") != "object":
             raise ToolDefinitionError(f"tool {name!r}: the parameters schema must have type 'object'")
+        try:
+            self._definition = ToolDefinition(
+                name=name,
+                description=description,
+                parameters=parameters,
+                read_only=read_only,
+                idempotent=idempotent,
+                destructive=destructive,
+                timeout_secs=timeout_secs,
+                queue=queue,
+            )
+        except ValidationError as exc:
+            raise ToolDefinitionError(f"tool {name!r}: {exc}") from exc
         self.fn = fn
-        self.name = name
-        self.description = description
-        self.read_only = read_only
-        self.idempotent = idempotent
-        self.destructive = destructive
-        self.timeout_secs = timeout_secs
-        self.queue = queue
         self.max_concurrency = max_concurrency
         """Calls of this tool running at once across the whole fleet (kept in Redis), or no limit."""
         self.is_async = inspect.iscoroutinefunction(fn)
-        self._parameters = parameters
         self._model = model
         self._context_param = context_param
-        self._validator = validator_class(_inlined(parameters))
+        self._validator = validator_class(_inlined(self._definition.parameters))
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -103,15 +107,44 @@ class Tool(Generic[P, R]):
         return f"<Tool {self.name}>"
 
     @property
+    def definition(self) -> ToolDefinition:
+        """What the model and the engine know of the tool (name, description, JSON Schema, flags,
+        queue): a copy, so changing it changes nothing the tool validates against."""
+        return self._definition.model_copy(deep=True)
+
+    @property
+    def name(self) -> str:
+        return self._definition.name
+
+    @property
+    def description(self) -> str:
+        return self._definition.description
+
+    @property
+    def read_only(self) -> bool:
+        return self._definition.read_only
+
+    @property
+    def idempotent(self) -> bool:
+        return self._definition.idempotent
+
+    @property
+    def destructive(self) -> bool:
+        return self._definition.destructive
+
+    @property
+    def timeout_secs(self) -> float | None:
+        return self._definition.timeout_secs
+
+    @property
+    def queue(self) -> str:
+        return self._definition.queue
+
+    @property
     def schema(self) -> dict[str, Any]:
         """The JSON Schema of the arguments, exactly as the model sees it (a copy: changing it
         changes nothing the tool validates against)."""
-        return copy.deepcopy(self._parameters)
-
-    @property
-    def definition(self) -> dict[str, Any]:
-        """The tool in the shape model APIs take: name, description and parameters."""
-        return {"name": self.name, "description": self.description, "parameters": self.schema}
+        return copy.deepcopy(self._definition.parameters)
 
     @property
     def anthropic_definition(self) -> dict[str, Any]:
@@ -126,27 +159,23 @@ class Tool(Generic[P, R]):
     @property
     def openai_strict(self) -> bool:
         """Whether OpenAI's strict mode accepts this tool's schema (closed objects, all required)."""
-        return openai_strict_ok(self._parameters)
+        return openai_strict_ok(self._definition.parameters)
 
     @property
     def retryable(self) -> bool:
         """Read-only and idempotent tools may be run again; other tools never are."""
-        return self.read_only or self.idempotent
+        return self._definition.retryable
 
     @property
     def schema_hash(self) -> str:
         """A short hash of the definition, to tell two versions of a tool apart."""
-        definition = {"name": self.name, "description": self.description, "parameters": self._parameters}
-        text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._definition.schema_hash
 
     def validate(self, arguments: object) -> ValidArguments | InvalidArguments:
         """Check arguments against the schema (then the model's own validators); never raises."""
-        if not isinstance(arguments, dict):
-            return InvalidArguments([f"arguments: expected a JSON object, got {_json_type(arguments)}"])
-        errors = list(self._validator.iter_errors(arguments))
-        if errors:
-            return InvalidArguments([_jsonschema_problem(e) for e in _leaf_errors(errors)])
+        problems = _schema_problems(self._validator, arguments)
+        if problems or not isinstance(arguments, dict):
+            return InvalidArguments(problems)
         if self._model is None:
             return ValidArguments(dict(arguments))
         try:
@@ -161,6 +190,42 @@ class Tool(Generic[P, R]):
             kwargs = {**kwargs, self._context_param: ctx}
         fn: Callable[..., Any] = self.fn
         return fn(**kwargs)
+
+
+def argument_problems(parameters: dict[str, Any], arguments: object) -> list[str]:
+    """Every problem of ``arguments`` against a tool's JSON Schema (empty when they fit), worded as
+    ``Tool.validate`` words them: for a process that has a tool's definition but not its code."""
+    return _schema_problems(_validator_class(parameters)(_inlined(parameters)), arguments)
+
+
+def _schema_problems(validator: Any, arguments: object) -> list[str]:
+    if not isinstance(arguments, dict):
+        return [f"arguments: expected a JSON object, got {_json_type(arguments)}"]
+    errors = list(validator.iter_errors(arguments))
+    return [_jsonschema_problem(e) for e in _leaf_errors(errors)] if errors else []
+
+
+def remote_tool(definition: ToolDefinition) -> Tool[..., Any]:
+    """A tool known only by its definition (from the fleet's catalog): it validates calls exactly
+    as its workers do, and runs on them; calling it in this process raises."""
+    name = definition.name
+
+    def run_on_the_fleet(**_: Any) -> NoReturn:
+        raise RuntimeError(f"tool {name!r} runs on the workers; this process has only its definition")
+
+    return Tool(
+        run_on_the_fleet,
+        name=name,
+        description=definition.description,
+        parameters=definition.parameters,
+        model=None,
+        context_param=None,
+        read_only=definition.read_only,
+        idempotent=definition.idempotent,
+        destructive=definition.destructive,
+        timeout_secs=definition.timeout_secs,
+        queue=definition.queue,
+    )
 
 
 def _validator_class(schema: dict[str, Any]) -> Any:

@@ -75,6 +75,7 @@ class BraveSearch:
 
     def __init__(self, api_key: str | None = None, *, base_url: str = DEFAULT_BASE_URL,
                  timeout_secs: float = 10.0, country: str | None = None) -> None:
+        # The provider's variable (as Brave documents it), not a criogenai setting.
         self._api_key = api_key if api_key is not None else os.environ.get("BRAVE_SEARCH_API_KEY", "")
         if not self._api_key:
             raise ConfigurationError("BraveSearch needs api_key= or BRAVE_SEARCH_API_KEY")

@@ -6,7 +6,6 @@ modules in ``CRIOGENAI_TOOLS`` (comma-separated) and the broker in ``CRIOGENAI_B
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..store import make_ledger
@@ -21,10 +20,9 @@ def __getattr__(name: str) -> Any:
     global _app
     if name in ("app", "celery"):
         if _app is None:
-            from .._config import Settings
+            from .._config import Settings, WorkerSettings
             from ..tools import ToolRegistry
 
-            modules = [m.strip() for m in os.environ.get("CRIOGENAI_TOOLS", "").split(",") if m.strip()]
-            _app = create_app(Settings.from_env(), ToolRegistry.from_modules(modules))
+            _app = create_app(Settings.from_env(), ToolRegistry.from_modules(WorkerSettings.from_env().tools))
         return _app
     raise AttributeError(name)

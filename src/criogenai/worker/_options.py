@@ -4,84 +4,51 @@
 ``celeryd_init``, which Celery sends while it builds the worker, before logging is set up and the
 pool starts. So ``criogenai worker ...`` (which hands its arguments to Celery) and
 ``celery -A criogenai.worker worker ...`` take Celery's whole worker CLI (``--autoscale``,
-``--max-tasks-per-child``, ``-O fair``, ...) and every criogenai setting; each option defaults to
-its ``CRIOGENAI_*`` variable.
+``--max-tasks-per-child``, ``-O fair``, ...) and every criogenai setting. The options are made
+from ``WorkerSettings`` (``WORKER_OPTIONS``: name, type, help, default from its ``CRIOGENAI_*``
+variable), as are ``criogenai worker``'s own, so each is declared once.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import click
 from celery import Celery, signals
 
+from .._config import LOOPBACK, WORKER_OPTIONS, WorkerSettings, option_flag, option_help
 from .._errors import ConfigurationError
 from ..runner import CallObserver
 from ..tools import ToolRegistry
 
-DEFAULT_METRICS_HOST = "127.0.0.1"
-"""Metrics are served on loopback unless told otherwise (``--metrics-host 0.0.0.0`` in a container)."""
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def env_port(name: str) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return 0
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ConfigurationError(f"{name} must be a TCP port number, not {raw!r}")
-    return int(raw)
+def _default(name: str) -> Any:
+    """The option's default, read when the command runs: its variable, else the setting's default."""
+    return lambda: getattr(WorkerSettings.from_env(), name)
 
 
 def worker_options() -> list[click.Option]:
-    """criogenai's options of ``celery worker``; the defaults are read when the command runs."""
-    return [
-        click.Option(
-            ["--log-format"],
-            type=click.Choice(["text", "json"]),
-            default=lambda: os.environ.get("CRIOGENAI_LOG_FORMAT") or "text",
-            help="criogenai: json for one JSON object per line ($CRIOGENAI_LOG_FORMAT).",
-        ),
-        click.Option(
-            ["--metrics-port"],
-            type=int,
-            default=lambda: env_port("CRIOGENAI_METRICS_PORT"),
-            help="criogenai: serve Prometheus metrics on this port ($CRIOGENAI_METRICS_PORT).",
-        ),
-        click.Option(
-            ["--metrics-host"],
-            default=lambda: os.environ.get("CRIOGENAI_METRICS_HOST") or DEFAULT_METRICS_HOST,
-            help="criogenai: address the metrics bind to ($CRIOGENAI_METRICS_HOST, default 127.0.0.1).",
-        ),
-        click.Option(
-            ["--health-port"],
-            type=int,
-            default=lambda: env_port("CRIOGENAI_HEALTH_PORT"),
-            help="criogenai: serve /livez and /readyz on this port ($CRIOGENAI_HEALTH_PORT).",
-        ),
-        click.Option(
-            ["--health-host"],
-            default=lambda: os.environ.get("CRIOGENAI_HEALTH_HOST") or "127.0.0.1",
-            help="criogenai: address the health checks bind to ($CRIOGENAI_HEALTH_HOST, default 127.0.0.1).",
-        ),
-        click.Option(
-            ["--otel/--no-otel"],
-            default=lambda: env_flag("CRIOGENAI_OTEL"),
-            help="criogenai: trace each call with OpenTelemetry ($CRIOGENAI_OTEL=1).",
-        ),
-    ]
+    """criogenai's options of ``celery worker``, one per name in ``WORKER_OPTIONS``."""
+    options = []
+    for name in WORKER_OPTIONS:
+        field = WorkerSettings.model_fields[name]
+        flag = option_flag(name)
+        text = f"criogenai: {option_help(name)}"
+        if field.annotation is bool:
+            options.append(click.Option([f"{flag}/--no-{flag[2:]}"], default=_default(name), help=text))
+            continue
+        kind: Any = field.annotation
+        if get_origin(kind) is Literal:
+            kind = click.Choice(get_args(kind))
+        options.append(click.Option([flag], type=kind, default=_default(name), help=text))
+    return options
 
 
 def default_queues(registry: ToolRegistry) -> list[str]:
     """The queues a worker serves when ``-Q`` does not say: ``$CRIOGENAI_QUEUES``, else its tools'."""
-    named = [q.strip() for q in os.environ.get("CRIOGENAI_QUEUES", "").split(",") if q.strip()]
-    return named or sorted({t.queue for t in registry})
+    return list(WorkerSettings.from_env().queues) or sorted({t.queue for t in registry})
 
 
 def _pool_name(options: dict[str, Any], app: Celery) -> str:
@@ -112,12 +79,12 @@ def apply(
     if port:
         from .._metrics import serve_metrics
 
-        host = options.get("metrics_host") or DEFAULT_METRICS_HOST
+        host = options.get("metrics_host") or LOOPBACK
         _observe(app, serve_metrics(app, int(port), registry.names(), host, broker_url=app.conf.broker_url))
     if options.get("health_port"):
         from ._health import serve_health
 
-        host = options.get("health_host") or "127.0.0.1"
+        host = options.get("health_host") or LOOPBACK
         serve_health(worker, redis_url, int(options["health_port"]), host)
     if options.get("otel"):
         from .._tracing import instrument_worker

@@ -1,4 +1,4 @@
-"""The gate between a turn's valid calls and the fleet: hooks and approvals before, hooks after.
+"""The checkpoint between a turn's valid calls and the fleet: hooks and approvals before, hooks after.
 
 Before a call is enqueued: a call of an approve-listed tool that already has a record follows the
 person's decision (hooks do not run again: the person decided on what they saw); any other call
@@ -27,8 +27,8 @@ T = TypeVar("T")
 
 
 @dataclass
-class GatedTurn:
-    """What passed the gate: the calls to send, results decided here, and each call as it runs."""
+class CheckedTurn:
+    """What passed the checkpoint: the calls to send, results decided here, and each call as it runs."""
 
     valid: list[ValidCall]
     done: dict[str, ToolResult]
@@ -51,7 +51,7 @@ def _waiting(record: PendingApproval) -> ToolResult:
     )
 
 
-class Gate:
+class Checkpoint:
     """Hooks and approvals of one dispatcher."""
 
     def __init__(
@@ -101,9 +101,9 @@ class Gate:
 
     async def before(
         self, run_id: str, valid: list[ValidCall], done: dict[str, ToolResult], ledger: Ledger | None
-    ) -> GatedTurn:
+    ) -> CheckedTurn:
         """Hooks and approvals for the valid calls; ``ledger`` is given when the run is resumed."""
-        turn = GatedTurn([], dict(done))
+        turn = CheckedTurn([], dict(done))
         if not (self.approve or self.before_hooks):
             turn.valid = valid
             turn.ran_as = {v.call.id: _seen(v.call, run_id, v) for v in valid}
@@ -127,9 +127,7 @@ class Gate:
                         self.before_hooks, v.call, v.tool, run_id, self.max_result_chars
                     )
                     if isinstance(outcome, ToolCall) and v.tool.name in self.approve:
-                        record = request_approval(
-                            self.store, run_id, outcome, v.tool.schema, v.tool.schema_hash
-                        )
+                        record = request_approval(self.store, run_id, outcome, v.tool.definition)
                 if record is not None:
                     outcome = self._decided(record, v)
             if isinstance(outcome, ToolResult):
@@ -159,7 +157,7 @@ class Gate:
         return call
 
     async def after(
-        self, turn: GatedTurn, calls: list[ToolCall], results: dict[str, ToolResult]
+        self, turn: CheckedTurn, calls: list[ToolCall], results: dict[str, ToolResult]
     ) -> dict[str, ToolResult]:
         """Every result of the turn through the ``after_tool`` hooks, in call order."""
         if not self.after_hooks:
