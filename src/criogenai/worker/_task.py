@@ -170,6 +170,12 @@ class CallRequest(Request):  # type: ignore[misc]
     def info(self, safe: bool = False) -> dict[str, Any]:
         return super().info(safe=True)  # type: ignore[no-any-return]
 
+    def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
+        # Celery cancels a running call when the broker connection drops, and would then write a
+        # RETRY record to the result backend, which is that same Redis, away: a traceback per
+        # call in every outage. The ledger, not Celery's record, says what becomes of the call.
+        super().cancel(pool, signal, emit_retry=False)
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)
         if not soft and not worker_state.should_terminate:
