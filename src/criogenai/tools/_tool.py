@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import inspect
 import json
@@ -10,9 +11,8 @@ import re
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from .._errors import ToolDefinitionError
@@ -20,6 +20,9 @@ from .._keys import DEFAULT_QUEUE as DEFAULT_QUEUE
 from ._context import ToolContext
 from ._schema import build_function_schema
 from ._shapes import anthropic_tool, openai_strict_ok, openai_tool
+
+if TYPE_CHECKING:
+    import jsonschema
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -73,11 +76,7 @@ class Tool(Generic[P, R]):
             raise ToolDefinitionError(f"tool {name!r}: timeout_secs must be > 0, not {timeout_secs}")
         if max_concurrency is not None and max_concurrency < 1:
             raise ToolDefinitionError(f"tool {name!r}: max_concurrency must be >= 1, not {max_concurrency}")
-        validator_class = _validator_class(parameters)
-        try:
-            validator_class.check_schema(parameters)
-        except jsonschema.SchemaError as exc:
-            raise ToolDefinitionError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from exc
+        validator_class = _checked_validator_class(name, parameters)
         if parameters.get("type") != "object":
             raise ToolDefinitionError(f"tool {name!r}: the parameters schema must have type 'object'")
         self.fn = fn
@@ -94,7 +93,12 @@ class Tool(Generic[P, R]):
         self._parameters = parameters
         self._model = model
         self._context_param = context_param
-        self._validator = validator_class(_inlined(parameters))
+        self._validator_class = validator_class
+
+    @functools.cached_property
+    def _validator(self) -> Any:
+        """The validator of the arguments, made on the tool's first call rather than at definition."""
+        return self._validator_class(_inlined(self._parameters))
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -163,12 +167,21 @@ class Tool(Generic[P, R]):
         return fn(**kwargs)
 
 
-def _validator_class(schema: dict[str, Any]) -> Any:
-    """The validator of the draft the schema names in ``$schema`` (MCP servers send draft-07 and
-    2020-12 ones), Draft 2020-12 when it names none or one jsonschema does not know."""
+def _checked_validator_class(name: str, schema: dict[str, Any]) -> Any:
+    """The validator class of the draft the schema names in ``$schema`` (MCP servers send draft-07
+    and 2020-12 ones; Draft 2020-12 when it names none or one jsonschema does not know), after
+    checking the schema against that draft's meta-schema. jsonschema is imported here, at the
+    first tool's definition, not with criogenai."""
+    import jsonschema
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # an unknown $schema: the default
-        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ToolDefinitionError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from exc
+    return validator_class
 
 
 def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
@@ -239,7 +252,9 @@ def _expand(err: jsonschema.ValidationError) -> list[jsonschema.ValidationError]
     ]
     if len(meant) == 1:
         return [leaf for sub in meant[0] for leaf in _expand(sub)]
-    best = jsonschema.exceptions.best_match([err])
+    from jsonschema.exceptions import best_match
+
+    best = best_match([err])
     return [best if best is not None else err]
 
 
