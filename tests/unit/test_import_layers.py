@@ -19,7 +19,7 @@ from tests.conftest import PYTHONPATH
 FLEET = ["celery", "kombu", "billiard"]
 NOT_ON_IMPORT = [*FLEET, "redis", "httpx", "jsonschema", "mcp"]
 """Packages ``import criogenai`` must not load: each is imported by the feature that uses it."""
-NOT_IN_EMBEDDED_TURN = [*FLEET, "httpx", "mcp"]
+NOT_IN_EMBEDDED_TURN = [*FLEET, "httpx", "mcp"]  # and "redis", once the store connects on first use
 """Packages an embedded turn of a plain @tool, no broker configured, must not load."""
 
 EMBEDDED_TURN = """
