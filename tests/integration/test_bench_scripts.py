@@ -45,3 +45,14 @@ def test_benchmark_script_runs_and_writes_its_json(script: str, tmp_path: Path) 
             ("criogenai async", 20), ("criogenai sync", 20), ("plain Celery sync", 20), ("embedded async", 20)
         }
         assert figures["footprint"]["ok"] == 200
+
+
+def test_import_benchmark_runs_and_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "import.json"
+    script = str(ROOT / "bench" / "bench_import.py")
+    argv = [sys.executable, script, "--runs", "2", "--top", "5", "--json", str(out)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [figures] = json.loads(out.read_text())["results"]
+    assert figures["code"] == "import criogenai" and figures["runs"] == 2
+    assert 0 < figures["min_ms"] <= figures["median_ms"] <= figures["max_ms"]

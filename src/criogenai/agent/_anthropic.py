@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .._wire import ToolCall
 from ..tools._shapes import anthropic_tool
 from ._http import HTTPModel
 from ._model import AssistantMessage, Message, ModelError, ModelRequest, SystemMessage, ToolMessage
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"

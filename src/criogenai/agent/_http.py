@@ -14,11 +14,12 @@ import os
 import random
 import time
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ._model import ModelError
+
+if TYPE_CHECKING:
+    import httpx
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 MAX_RETRY_AFTER_SECS = 60.0
@@ -43,6 +44,8 @@ class HTTPModel:
         initial_backoff: float = 0.5,
         params: Mapping[str, Any] | None = None,
     ) -> None:
+        import httpx  # here, not with criogenai: only a process that calls a model over HTTP needs it
+
         if not model:
             raise ValueError(f"name the model: '{self.provider}:MODEL'")
         self.model = model
@@ -72,6 +75,8 @@ class HTTPModel:
 
     async def post(self, url: str, headers: dict[str, str], body: dict[str, Any]) -> httpx.Response:
         """POST ``body`` as JSON; the first reply below 400, after retries. Else a ModelError."""
+        import httpx
+
         async with httpx.AsyncClient(timeout=self.timeout) as client:
             for attempt in range(1, self.max_attempts + 1):
                 last = attempt == self.max_attempts

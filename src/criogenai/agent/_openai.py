@@ -12,14 +12,15 @@ import contextlib
 import json
 import uuid
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .._wire import ToolCall, ToolDefinition
 from ..tools._shapes import openai_tool
 from ._http import HTTPModel
 from ._model import AssistantMessage, Message, ModelError, ModelRequest, SystemMessage, UserMessage
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 

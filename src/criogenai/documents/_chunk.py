@@ -12,8 +12,6 @@ import re
 from html.parser import HTMLParser
 from typing import Literal
 
-from markdown_it import MarkdownIt
-
 Format = Literal["text", "markdown", "html"]
 DEFAULT_CHUNK_CHARS = 1000
 
@@ -86,6 +84,8 @@ def _cut(text: str, room: int) -> list[str]:
 
 
 def _markdown(text: str) -> list[Section]:
+    from markdown_it import MarkdownIt  # here, not with criogenai: only markdown documents need it
+
     result: list[Section] = [("", [])]
     tokens = MarkdownIt("commonmark").parse(text)
     heading_open = False

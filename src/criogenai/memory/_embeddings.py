@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import EmbeddingError as EmbeddingError
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -36,6 +37,8 @@ class OpenAIEmbeddings:
         max_attempts: int = 3,
         initial_backoff: float = 0.2,
     ) -> None:
+        import httpx  # here, not with criogenai: only a process that embeds needs it
+
         if not model:
             raise ValueError("name the embedding model")
         self.model = model
@@ -56,6 +59,8 @@ class OpenAIEmbeddings:
         """One vector per text. Raises EmbeddingError once the attempts are spent."""
         if not texts:
             return []
+        import httpx
+
         key = self._api_key or os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         body = {"model": self.model, "input": texts}

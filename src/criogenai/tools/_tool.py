@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import re
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
-import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from .._errors import ToolDefinitionError
@@ -19,6 +19,9 @@ from .._wire import ToolDefinition
 from ._context import ToolContext
 from ._schema import build_function_schema
 from ._shapes import anthropic_tool, openai_strict_ok, openai_tool
+
+if TYPE_CHECKING:
+    import jsonschema
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -72,11 +75,7 @@ class Tool(Generic[P, R]):
             raise ToolDefinitionError(f"tool {name!r}: timeout_secs must be > 0, not {timeout_secs}")
         if max_concurrency is not None and max_concurrency < 1:
             raise ToolDefinitionError(f"tool {name!r}: max_concurrency must be >= 1, not {max_concurrency}")
-        validator_class = _validator_class(parameters)
-        try:
-            validator_class.check_schema(parameters)
-        except jsonschema.SchemaError as exc:
-            raise ToolDefinitionError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from exc
+        validator_class = _checked_validator_class(name, parameters)
         if parameters.get("type") != "object":
             raise ToolDefinitionError(f"tool {name!r}: the parameters schema must have type 'object'")
         try:
@@ -98,7 +97,12 @@ class Tool(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         self._model = model
         self._context_param = context_param
-        self._validator = validator_class(_inlined(self._definition.parameters))
+        self._validator_class = validator_class
+
+    @functools.cached_property
+    def _validator(self) -> Any:
+        """The validator of the arguments, made on the tool's first call rather than at definition."""
+        return self._validator_class(_inlined(self._definition.parameters))
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -228,9 +232,24 @@ def remote_tool(definition: ToolDefinition) -> Tool[..., Any]:
     )
 
 
+def _checked_validator_class(name: str, schema: dict[str, Any]) -> Any:
+    """``_validator_class``, after checking the schema against that draft's meta-schema."""
+    from jsonschema import SchemaError
+
+    validator_class = _validator_class(schema)
+    try:
+        validator_class.check_schema(schema)
+    except SchemaError as exc:
+        raise ToolDefinitionError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from exc
+    return validator_class
+
+
 def _validator_class(schema: dict[str, Any]) -> Any:
     """The validator of the draft the schema names in ``$schema`` (MCP servers send draft-07 and
-    2020-12 ones), Draft 2020-12 when it names none or one jsonschema does not know."""
+    2020-12 ones), Draft 2020-12 when it names none or one jsonschema does not know. jsonschema is
+    imported here, at the first tool's definition, not with criogenai."""
+    import jsonschema
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # an unknown $schema: the default
         return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -304,7 +323,9 @@ def _expand(err: jsonschema.ValidationError) -> list[jsonschema.ValidationError]
     ]
     if len(meant) == 1:
         return [leaf for sub in meant[0] for leaf in _expand(sub)]
-    best = jsonschema.exceptions.best_match([err])
+    from jsonschema.exceptions import best_match
+
+    best = best_match([err])
     return [best if best is not None else err]
 
 
