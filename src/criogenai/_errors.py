@@ -97,8 +97,6 @@ class CallFailed(CriogenaiError):
     def __init__(self, status: str, tool: str, run_id: str, call_id: str) -> None:
         super().__init__(status, tool, run_id, call_id)  # Celery rebuilds it from these
         self.status, self.tool, self.run_id, self.call_id = status, tool, run_id, call_id
-        self.report: object = None
-        """The worker's ``CallReport``, for its log and metrics hooks (never sent)."""
 
     def __str__(self) -> str:
         return f"call {self.call_id} of run {self.run_id}: tool {self.tool!r} ended {self.status}"

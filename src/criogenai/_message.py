@@ -12,6 +12,8 @@ from ._keys import TASK_NAME, task_id
 from ._tracing import trace_headers
 from ._wire import ToolTask
 
+SENT_AT_HEADER = "crg_sent_at"
+"""Message header: Unix time from which the call could start (publish time, or a retry's ETA)."""
 
 def hard_limit_secs(timeout_secs: float) -> float:
     """The hard limit that follows a soft limit: a little later, so the soft one gets to act."""

@@ -23,13 +23,12 @@ from celery import Celery, signals
 
 from ._errors import ConfigurationError
 from ._keys import PRIORITY_STEPS, TASK_NAME, queue_lists
+from ._message import SENT_AT_HEADER
 from ._wire import ToolResult, ToolTask
 from .runner import CallObserver
 from .runner._outcomes import Outcome
 from .store import redis_client
 
-SENT_AT_HEADER = "crg_sent_at"
-"""Message header: Unix time from which the call could start (publish time, or a retry's ETA)."""
 OTHER_TOOL = "(other)"
 """The tool label of calls naming a tool this worker does not have: labels stay a bounded set."""
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)

@@ -17,7 +17,7 @@ from criogenai.runner import Answered, CallRunner, Delivery, NotRun, Refused, Ru
 from criogenai.runner._observe import CallObserver, current_call
 from criogenai.store import Ledger, MemoryLedger, RedisLedger
 from criogenai.tools import ToolRegistry
-from tests.conftest import fleet_url
+from tests.conftest import fleet_url, wait_for
 
 seen_fields: list[dict[str, object]] = []
 
@@ -154,3 +154,27 @@ def test_observers_are_told_of_each_run_and_end_and_one_that_fails_changes_nothi
     step = r.run(Delivery(task(), sent_at=time.time() - 1))
     assert isinstance(step, Answered) and step.result.status == "ok"
     assert told == [("started", 1), ("ended", False), ("call", "ok")]
+
+
+def test_a_run_whose_filing_fails_with_a_store_error_stops_holding_its_claim() -> None:
+    """A store error other than an outage (READONLY after a failover) ends the delivery; the claim
+    is no longer renewed, so the call can be run again once its lease runs out."""
+    from criogenai import StoreError
+
+    class ReadOnlyOnce(MemoryLedger):
+        failed = False
+
+        def finish(self, *args: object, **kwargs: object) -> bool:
+            if not self.failed:
+                self.failed = True
+                raise StoreError("READONLY You can't write against a read only replica.")
+            return super().finish(*args, **kwargs)  # type: ignore[arg-type]
+
+    ledger = ReadOnlyOnce(lease_secs=1)
+    t = task()
+    with pytest.raises(StoreError):
+        runner(ledger).run(Delivery(t))
+    claims: list[str] = []
+    wait_for(lambda: claims.append(ledger.claim(t.run_id, "c1", "another-run", t.deadline).kind)
+             or claims[-1] != "busy", timeout=5, what="the failed run's claim to lapse")
+    assert claims[-1] == "claimed"

@@ -105,10 +105,8 @@ class Admission(Generic[T]):
             gates = self._held.pop(m, None)
             if gates:
                 self._to_release.append((gates, m))
-            for room in rooms:
-                if call_id in room.in_flight:
-                    room.in_flight.discard(call_id)
-                    break
+            for room in rooms:  # every turn of the run waiting for it (a run id sent again joins)
+                room.in_flight.discard(call_id)
             self._tidy(run_id)
         self._wake.set()
 

@@ -6,7 +6,8 @@ claim, time limit, retries for read-only and idempotent tools, filing); it only 
 runner's steps, as its table says. Calls run as greenlets on the caller's event loop (``await
 run_turn``; the process's loop for ``run_turn_sync``): an async tool is awaited there, a sync one
 runs on a tool thread the greenlet waits for without holding one. One more thread starts retries
-when due and gives up on calls past their bound, so that every call ends with a result.
+when due and gives up on calls past their bound, so that every call ends with a result; the
+runner's lease keeper renews the claims of running calls and stops those whose run is cancelled.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._config import Limits
+from .._errors import StoreError
 from .._keys import Keys
 from .._loop import GreenletRunner
 from .._wire import ToolResult
@@ -183,6 +185,9 @@ class InProcessEngine:
     # -- one call, as a worker runs it ------------------------------------------------------------
 
     def _run(self, c: _Call) -> None:
+        with self._lock:
+            if c not in self._calls:  # answered already (given up past its bound): not run again
+                return
         payload = c.send.payload
         try:
             result = self._attempt(c)
@@ -287,7 +292,11 @@ class InProcessEngine:
             overdue = [c for c in self._calls if now > c.final_deadline]
         for c in overdue:
             payload = c.send.payload
-            self.ledger.give_up(payload.run_id, payload.call.id)
+            try:
+                self.ledger.give_up(payload.run_id, payload.call.id)
+            except StoreError:  # the call is answered all the same: its bound has passed
+                log.warning("call %s/%s: could not mark it given up; answering it lost",
+                            payload.run_id, payload.call.id, exc_info=True)
             self._answer(
                 c,
                 ended(payload, gave_no_result(payload.call.name)),

@@ -193,8 +193,9 @@ class CallRunner:
             log.error("refused call %s/%s (%s): unknown tool %r", run_id[:100], call.id[:100],
                       d.delivery_id or "embedded", call.name[:100])
             result = unknown_tool_result(payload, self.registry)
-            # A token no claim holds: a forged message must not drop a running call's claim.
-            self._file(result, payload, "refused", done=True)
+            # A token no claim holds: a forged message must not drop a running call's claim. The
+            # message is acknowledged in the same step, as with any filed result.
+            self._file(result, payload, "refused", done=True, delivery_tag=d.delivery_tag)
             self.observers.call_ended(payload, result)
             return Answered(result)
         if d.misaddressed is not None:
@@ -225,13 +226,19 @@ class CallRunner:
             return self._finish(d, payload, lost, attempt)
         outcome = self._execute(d, payload, tool, attempt)
         try:
-            return self._conclude(d, payload, outcome, attempt)
-        except self.interrupts:
-            # Celery's soft limit and the executor's own timer both fire at timeout_secs, and the
-            # signal may land after the run has ended (an async tool, timed by the executor): the
-            # outcome stands. Concluding again is safe (filing is idempotent), and billiard
-            # sends the signal once per task.
-            return self._conclude(d, payload, outcome, attempt)
+            try:
+                return self._conclude(d, payload, outcome, attempt)
+            except self.interrupts:
+                # Celery's soft limit and the executor's own timer both fire at timeout_secs, and
+                # the signal may land after the run has ended (an async tool, timed by the
+                # executor): the outcome stands. Concluding again is safe (filing is
+                # idempotent), and billiard sends the signal once per task.
+                return self._conclude(d, payload, outcome, attempt)
+        except BaseException:
+            # Whatever ends this delivery (a store error other than an outage, a bug), the claim
+            # this run holds must not be renewed for ever: it would keep the call "busy".
+            self.leases.drop(run_id, call.id)
+            raise
 
     def _execute(self, d: Delivery, payload: ToolTask, tool: Tool[..., Any], attempt: int) -> Outcome:
         """One run of the call, its claim renewed and a cancel of its turn reaching it."""

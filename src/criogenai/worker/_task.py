@@ -22,10 +22,9 @@ from pydantic import ValidationError
 
 from .._errors import CallFailed
 from .._keys import TASK_NAME, task_id
-from .._message import hard_limit_secs, send_call, shown_options
-from .._metrics import SENT_AT_HEADER
+from .._message import SENT_AT_HEADER, hard_limit_secs, send_call, shown_options
 from .._wire import FAILED_STATUSES, ToolResult, ToolTask
-from ..runner import Answered, CallRunner, Delivery, Refused, RunAgain, StoreAway
+from ..runner import Answered, CallRunner, Delivery, NotRun, Refused, RunAgain, StoreAway
 from ..runner._outcomes import CallReport
 from ..store import Ledger
 from ..tools import ToolRegistry
@@ -41,18 +40,15 @@ _Returned = dict[str, Any] | CallReport
 
 def _for_celery(result: ToolResult, task: Task) -> _Returned:
     """What the task returns, or raises for a failed call (``CallFailed``: Celery's FAILURE state,
-    its task-failed event, Flower's "failed", with no error text). Read by the log and metrics
-    hooks (``task_postrun``), and stored by Celery unless results are ignored (the ledger writes
-    Celery's record itself; a message may say otherwise): then the result without its artifact,
-    which may hold what ``return_generic`` hides. The full result is in the ledger."""
-    report = CallReport(result.status, result.attempts, result.duration_secs or 0.0)
+    its task-failed event, Flower's "failed", with no error text). Celery stores it unless results
+    are ignored (the ledger writes Celery's record itself; a message may say otherwise): then the
+    result without its artifact, which may hold what ``return_generic`` hides. Otherwise a small
+    report, for Celery's log line. The full result is in the ledger."""
     if result.status in FAILED_STATUSES:
-        failed = CallFailed(result.status, result.name, result.run_id or "", result.call_id)
-        failed.report = report
-        raise failed
+        raise CallFailed(result.status, result.name, result.run_id or "", result.call_id)
     if not get_actual_ignore_result(task, task.request):
         return result.model_dump(mode="json", exclude={"artifact"})
-    return report
+    return CallReport(result.status, result.attempts, result.duration_secs or 0.0)
 
 
 def _payload(task: Task, body: Any) -> ToolTask:
@@ -77,7 +73,6 @@ class WorkerRuntime:
         self, app: Celery, registry: ToolRegistry, ledger: Ledger, *, signing_secret: str | None = None
     ) -> None:
         self.app = app
-        self.registry = registry
         self.ledger = ledger
         self.runner = CallRunner(
             registry,
@@ -121,7 +116,8 @@ class WorkerRuntime:
             raise Reject(f"refused: {step.why}", requeue=False)
         if isinstance(step, RunAgain):
             raise task.retry(countdown=step.delay, max_retries=None, **shown_options(step.payload))
-        raise Ignore()  # NotRun: its dispatcher answers for it
+        assert isinstance(step, NotRun)
+        raise Ignore()  # its dispatcher answers for it
 
     def on_process_failure(self, body: Any, *, hard_limit: bool) -> None:
         """In the main process: a call's process died (worker lost) or was killed at its hard limit."""
