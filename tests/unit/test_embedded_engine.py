@@ -173,6 +173,22 @@ def _sync_cause(k: str) -> BaseException | None:
         return info.value.__cause__
 
 
+@tool
+async def fails_when_cut(seconds: float) -> str:
+    """Sleep; cancelled, fail in its own clean-up instead of ending cancelled (as an MCP client may)."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        raise RuntimeError("connection torn down mid-request") from None
+    return "done"
+
+
+def test_an_async_tool_that_fails_while_cut_at_its_limit_ends_timeout_not_exception() -> None:
+    with Dispatcher([fails_when_cut], settings=Settings(), limits={"tool_timeout_secs": 0.3}) as d:
+        [r] = d.run_turn_sync([ToolCall(id="c", name="fails_when_cut", arguments={"seconds": 5})])
+    assert r.status == "timeout", r
+
+
 def test_sync_and_async_tools_past_their_limit_time_out() -> None:
     k = key()
     with Dispatcher(TOOLS, settings=Settings(), limits={"tool_timeout_secs": 0.3}) as d:

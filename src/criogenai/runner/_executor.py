@@ -261,8 +261,11 @@ def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | No
         try:
             async with scope:
                 value = await make_coro()
-        except TimeoutError:
-            if scope.expired():  # our limit, not a TimeoutError the tool raised itself
+        except BaseException:
+            # Cut at our limit: whatever the tool raised while being cancelled (an MCP client's
+            # own error, say) is its stopping, not a failure of its own. A TimeoutError the tool
+            # raised itself before the limit is its own exception.
+            if scope.expired():
                 return _EXPIRED
             raise
         # A coroutine that swallowed its cancellation and returned anyway still ran past its limit.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from .._keys import Keys
-from ._redis import redis_client, store_edge
+from ._redis import ClientOnFirstUse, store_edge
 
 if TYPE_CHECKING:
     import redis
@@ -71,19 +71,14 @@ class RedisMemoryStore:
         if retention_secs < 60:
             raise ValueError("retention_secs must be at least 60")
         self.url, self.keys, self.retention_secs = url, Keys(prefix), retention_secs
-        self._client: redis.Redis | None = None
-        self._lock = threading.Lock()
+        self._client = ClientOnFirstUse(url)
 
     def __repr__(self) -> str:
         return f"<RedisMemoryStore prefix={self.keys.prefix!r} retention_secs={self.retention_secs}>"
 
     @property
     def client(self) -> redis.Redis:
-        """Made on first use: a tools module that makes the store at import loads no redis-py."""
-        with self._lock:
-            if self._client is None:
-                self._client = redis_client(self.url)
-            return self._client
+        return self._client.get()
 
     def add(self, namespace: str, scope: str, record: MemoryRecord, max_count: int) -> bool:
         key = self.keys.memories(namespace, scope)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
@@ -54,6 +55,22 @@ def redis_client(url: str, *, timeout_secs: float = COMMAND_TIMEOUT_SECS) -> red
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # the pool is the client's own: close() closes it
     return client
+
+
+class ClientOnFirstUse:
+    """``redis_client(url)``, made when first asked for: a store made at import (a tools module's
+    memory) loads no redis-py, and one made before a fork connects in the child."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: redis.Redis | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> redis.Redis:
+        with self._lock:
+            if self._client is None:
+                self._client = redis_client(self.url)
+            return self._client
 
 
 def unreachable() -> tuple[type[Exception], ...]:

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
 from .._keys import Keys
-from ._redis import redis_client, store_edge
+from ._redis import ClientOnFirstUse, store_edge
 
 if TYPE_CHECKING:
     import redis
@@ -52,16 +52,11 @@ class RedisRunStore:
 
     def __init__(self, url: str, *, prefix: str = "crg", retention_secs: int) -> None:
         self.url, self.keys, self.retention_secs = url, Keys(prefix), retention_secs
-        self._client: redis.Redis | None = None
-        self._lock = threading.Lock()
+        self._client = ClientOnFirstUse(url)
 
     @property
     def client(self) -> redis.Redis:
-        """Made on first use: an agent without a fleet run never loads redis-py."""
-        with self._lock:
-            if self._client is None:
-                self._client = redis_client(self.url)
-            return self._client
+        return self._client.get()
 
     def create(self, run_id: str, state: str) -> bool:
         return bool(self.client.set(self.keys.run_state(run_id), state, nx=True, ex=self.retention_secs))
