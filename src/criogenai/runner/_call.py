@@ -148,6 +148,7 @@ class CallRunner:
         replies: bool = True,
         interrupts: tuple[type[BaseException], ...] = (),
         refused: Refusal = lambda _: False,
+        exiting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.registry = registry
         self.ledger = ledger
@@ -156,6 +157,8 @@ class CallRunner:
         self.replies = replies
         self.interrupts = interrupts
         """Exceptions that mean the call's time is up, raised into it from outside (Celery's soft limit)."""
+        self.exiting = exiting
+        """Says the process is being ended under its calls (a prefork child's SIGTERM)."""
         self.inline_sync = False
         self.observers = Observers()
         self.leases = LeaseKeeper(ledger, refused)
@@ -269,6 +272,7 @@ class CallRunner:
                     inline_sync=self.inline_sync,
                     interrupts=self.interrupts,
                     stop=stop,
+                    exiting=self.exiting,
                 )
             except self.interrupts:  # landed in the executor's own code, after the tool's run
                 outcome = timed_out(call.name, payload.timeout_secs, time.monotonic() - started)

@@ -380,6 +380,7 @@ def execute(
     inline_sync: bool = False,
     interrupts: tuple[type[BaseException], ...] = (),
     stop: CallStop | None = None,
+    exiting: Callable[[], bool] = lambda: False,
 ) -> Outcome:
     """Run one call of ``tool`` and say what happened; texts within ``max_result_chars`` for the
     model and ``max_stored_chars`` for what the run keeps.
@@ -387,7 +388,9 @@ def execute(
     ``inline_sync`` runs a sync tool on the calling thread (a prefork child, where Celery's limits
     interrupt it); otherwise it runs on a thread and is abandoned at its limit. ``interrupts`` are
     exceptions that mean the time is up (Celery's soft limit). ``stop`` lets another thread stop
-    the call when its turn is cancelled; the outcome is then ``cancelled``.
+    the call when its turn is cancelled; the outcome is then ``cancelled``. ``exiting`` says the
+    process is being ended (a prefork child told to stop): what the tool raises then is not its
+    own failure, and leaves unhandled.
     """
     checked = tool.validate(arguments)
     if isinstance(checked, InvalidArguments):
@@ -418,6 +421,8 @@ def execute(
     except _RUNTIME_EXITS:
         raise
     except BaseException as exc:  # sys.exit() and other BaseExceptions included: a tool's failure
+        if exiting():  # unless the process itself is being ended under it (its pool's SIGTERM)
+            raise
         caps = (max_result_chars, max(max_stored_chars, max_result_chars))
         return _unexpected(tool, ctx, exc, on_tool_exception, caps, time.monotonic() - started)
     body = cut(text, max_result_chars)

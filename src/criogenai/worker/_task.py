@@ -12,6 +12,7 @@ import logging
 import socket
 from typing import Any
 
+from billiard.common import terminate_handler_fired
 from billiard.exceptions import WorkerLostError
 from celery import Celery, Task, signals
 from celery.app.task import get_actual_ignore_result
@@ -81,6 +82,10 @@ class WorkerRuntime:
             signing_secret=signing_secret,
             interrupts=(SoftTimeLimitExceeded,),
             refused=stop_if_refused,
+            # Celery ends a prefork child under a running call (a lost broker connection, a
+            # revoke with terminate): billiard's SIGTERM handler raises SystemExit in the tool,
+            # which is the process leaving, not the tool failing; the call is then redelivered.
+            exiting=terminate_handler_fired,
         )
         self.on_heartbeat: BeatHook | None = None  # the tool catalog's publisher (``_catalog``)
 
