@@ -16,7 +16,7 @@ from ._cli_cancel import add_cancel_parser
 from ._cli_fleet import add_fleet_parsers, catalog_registry
 from ._cli_mcp import add_mcp_parser
 from ._config import WORKER_OPTIONS, Settings, WorkerSettings, env_name, option_flag, option_help
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, StoreError
 
 POOLS = ("prefork", "threads")
 
@@ -187,3 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"criogenai: {exc}", file=sys.stderr)
         return 2
+    except StoreError as exc:  # Redis away or refusing: one line, not a traceback
+        print(f"criogenai: {exc}", file=sys.stderr)
+        return 1

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 import uuid
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -20,7 +21,7 @@ from bench.procfs import connections_to
 from criogenai import Limits, Settings, ToolCall, ToolResult
 from criogenai.runner._outcomes import GENERIC_FAILURE
 from tests import fleet_tools
-from tests.conftest import fleet_url, key, make_dispatcher
+from tests.conftest import OwnRedis, fleet_url, key, make_dispatcher, start_worker
 
 CONNECTION_BOUND = 16
 """The most Redis connections a worker on criogenai's threads pool may open, at any concurrency
@@ -81,25 +82,32 @@ def test_a_worker_at_concurrency_300_holds_300_waiting_calls_at_once_on_a_few_co
     assert 0 < connections.peak <= CONNECTION_BOUND
 
 
-def test_connections_killed_mid_load_lose_no_call_and_leave_none_waiting(worker_factory) -> None:
-    # Given 200 calls in flight on one worker, claiming, running and filing
-    worker_factory(pool="threads", concurrency=100)
+def test_connections_killed_mid_load_lose_no_call_and_leave_none_waiting(
+    own_redis: OwnRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 200 calls in flight on one worker, claiming, running and filing, on a Redis of the
+    # test's own (killing every client of the shared one would hit the other tests' clients too)
+    worker = start_worker(own_redis.url, tmp_path, pool="threads", concurrency=100)
+    monkeypatch.setattr(fleet_tools, "_client", redis.Redis.from_url(own_redis.url))  # the tools' counts
     k = key()
     limits = Limits(max_calls_per_turn=200, max_calls_in_flight_per_turn=200, queue_wait_secs=120)
     calls = [ToolCall(id=f"c{i}", name="mark_run", arguments={"key": f"{k}:{i}"}) for i in range(200)]
-    admin = redis.Redis.from_url(fleet_url())
-    with make_dispatcher(limits=limits) as d:
-        started = time.monotonic()
-        results_box: list[list[ToolResult]] = []
-        runner = threading.Thread(target=lambda: results_box.append(d.run_turn_sync(calls)))
-        runner.start()
-        # When every client connection of the server is killed, again and again, mid-load
-        kills = 0
-        while runner.is_alive() and kills < 8:
-            kills += admin.client_kill_filter(_type="normal", skipme=True)
-            time.sleep(0.15)
-        runner.join(90)
-        elapsed = time.monotonic() - started
+    admin = redis.Redis.from_url(own_redis.url)
+    try:
+        with make_dispatcher(limits=limits, settings=Settings(broker_url=own_redis.url, lease_secs=2.0)) as d:
+            started = time.monotonic()
+            results_box: list[list[ToolResult]] = []
+            runner = threading.Thread(target=lambda: results_box.append(d.run_turn_sync(calls)))
+            runner.start()
+            # When every client connection of the server is killed, again and again, mid-load
+            kills = 0
+            while runner.is_alive() and kills < 8:
+                kills += admin.client_kill_filter(_type="normal", skipme=True)
+                time.sleep(0.15)
+            runner.join(90)
+            elapsed = time.monotonic() - started
+    finally:
+        worker.stop()
     assert kills > 0 and results_box, "the turn did not end"
     [results] = results_box
     # Then every call ends ok, ran once (no process died), and none waited out queue_wait_secs

@@ -40,3 +40,20 @@ def test_lookup_and_value_errors_can_be_caught_as_such() -> None:
     assert issubclass(criogenai.ApprovalNotFound, LookupError)
     assert issubclass(criogenai.InvalidQuery, ValueError)
     assert issubclass(criogenai.InvalidApprovalArguments, ValueError)
+
+
+def test_the_command_says_in_one_line_that_redis_did_not_answer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from criogenai._cli import main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("CRIOGENAI_REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    monkeypatch.delenv("CRIOGENAI_BROKER_URL", raising=False)
+    assert main(["approvals", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("criogenai: ") and err.count("\n") == 1 and "Traceback" not in err

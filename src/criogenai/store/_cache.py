@@ -38,12 +38,19 @@ class RedisCacheStore:
         self.client.set(self.keys.cached(tool, schema_hash, digest), value, px=max(1, int(ttl_secs * 1000)))
 
 
-class MemoryCacheStore:
-    """Entries in this process, for one cache (the embedded engine)."""
+MEMORY_MAX_ENTRIES = 10_000
+"""The most entries one in-memory cache keeps; past it, those closest to expiring go first."""
 
-    def __init__(self) -> None:
+
+class MemoryCacheStore:
+    """Entries in this process, for one cache (the embedded engine). Expired entries are swept
+    whenever the cache has doubled since the last sweep, so it stays bounded by what is live."""
+
+    def __init__(self, max_entries: int = MEMORY_MAX_ENTRIES) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str, str], tuple[float, str]] = {}
+        self._max = max_entries
+        self._sweep_at = 256
 
     def get(self, tool: str, schema_hash: str, digest: str) -> str | None:
         with self._lock:
@@ -51,5 +58,20 @@ class MemoryCacheStore:
             return found[1] if found and found[0] > time.monotonic() else None
 
     def put(self, tool: str, schema_hash: str, digest: str, value: str, ttl_secs: float) -> None:
+        now = time.monotonic()
         with self._lock:
-            self._entries[(tool, schema_hash, digest)] = (time.monotonic() + ttl_secs, value)
+            self._entries[(tool, schema_hash, digest)] = (now + ttl_secs, value)
+            if len(self._entries) >= self._sweep_at:
+                self._sweep(now)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _sweep(self, now: float) -> None:
+        """Drop expired entries, then the soonest to expire past the cap (under the lock)."""
+        live = {k: v for k, v in self._entries.items() if v[0] > now}
+        if len(live) > self._max:
+            kept = sorted(live.items(), key=lambda item: item[1][0])[len(live) - self._max:]
+            live = dict(kept)
+        self._entries = live
+        self._sweep_at = max(256, 2 * len(live))
