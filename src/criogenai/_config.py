@@ -268,6 +268,9 @@ class WorkerSettings(_Value):
     """The address the health checks bind to (0.0.0.0 in a container)."""
     otel: bool = False
     """Trace each call with OpenTelemetry (needs criogenai[otel])."""
+    otel_spans_file: str = ""
+    """With otel, also append every finished span to this file, one JSON object a line (tests,
+    debugging); not an option of the commands."""
 
     @field_validator("tools", "queues", mode="before")
     @classmethod

@@ -39,8 +39,6 @@ except ImportError:  # the otel extra is not installed
 
 log = logging.getLogger(__name__)
 
-SPANS_FILE_ENV = "CRIOGENAI_OTEL_SPANS_FILE"
-"""A worker with ``--otel`` also appends every finished span to this file, one JSON object a line."""
 _DEFAULT_SERVICE = "criogenai-worker"
 
 _carriers: dict[str, dict[str, str]] = {}
@@ -239,7 +237,7 @@ def _json_lines_exporter(path: str) -> Any:
     return ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
 
 
-def _start_process_tracing(exporters: list[Any]) -> None:
+def _start_process_tracing(exporters: list[Any], spans_file: str) -> None:
     """In a process that runs tasks: a tracer provider (unless one is set) and Celery's instrumentation."""
     global _worker_provider
     from opentelemetry.sdk.resources import Resource
@@ -253,7 +251,6 @@ def _start_process_tracing(exporters: list[Any]) -> None:
         _worker_provider = TracerProvider(resource=resource)
         for exporter in exporters:
             _worker_provider.add_span_processor(BatchSpanProcessor(exporter()))
-        spans_file = os.environ.get(SPANS_FILE_ENV)
         if spans_file:  # written as each span ends, for tests and debugging
             _worker_provider.add_span_processor(SimpleSpanProcessor(_json_lines_exporter(spans_file)))
         _trace.set_tracer_provider(_worker_provider)
@@ -267,8 +264,9 @@ def _stop_process_tracing(**_: Any) -> None:
         _worker_provider.shutdown()
 
 
-def instrument_worker(pool: str) -> None:
-    """``criogenai worker --otel``: trace tasks in every process that runs them.
+def instrument_worker(pool: str, spans_file: str = "") -> None:
+    """``criogenai worker --otel``: trace tasks in every process that runs them (and, with
+    ``spans_file``, append each finished span to it as a JSON line).
 
     Under prefork that is each pool child, set up in ``worker_process_init`` (a tracer provider's
     export thread does not survive a fork); under threads, this process.
@@ -282,7 +280,9 @@ def instrument_worker(pool: str) -> None:
 
     exporters = _exporter_classes()  # a wrong name fails here, not in every child
     if pool == "prefork":
-        signals.worker_process_init.connect(lambda **_: _start_process_tracing(exporters), weak=False)
+        signals.worker_process_init.connect(
+            lambda **_: _start_process_tracing(exporters, spans_file), weak=False
+        )
         signals.worker_process_shutdown.connect(_stop_process_tracing, weak=False)
     else:
-        _start_process_tracing(exporters)
+        _start_process_tracing(exporters, spans_file)

@@ -21,7 +21,6 @@ import pytest
 
 from criogenai import Retry, ToolCall, ToolResult
 from criogenai._keys import task_id
-from criogenai._tracing import SPANS_FILE_ENV
 from tests.conftest import PYTHONPATH, ROOT, fleet_url, make_dispatcher, wait_for
 
 try:
@@ -57,7 +56,7 @@ def turn_spans() -> Any:
 def traced_worker(worker_factory: Any, tmp_path: Path, pool: str, *, by_env: bool = False) -> Path:
     """A worker with tracing on (``--otel``, or ``CRIOGENAI_OTEL=1``); returns the file of its spans."""
     spans_file = tmp_path / f"spans-{uuid.uuid4().hex[:6]}.jsonl"
-    env = {SPANS_FILE_ENV: str(spans_file), "OTEL_TRACES_EXPORTER": "none"}
+    env = {"CRIOGENAI_OTEL_SPANS_FILE": str(spans_file), "OTEL_TRACES_EXPORTER": "none"}
     if by_env:
         env["CRIOGENAI_OTEL"] = "1"
     worker_factory(pool=pool, concurrency=2, extra_env=env, extra_args=() if by_env else ("--otel",))

@@ -89,7 +89,7 @@ def apply(
     if options.get("otel"):
         from .._tracing import instrument_worker
 
-        instrument_worker(_pool_name(options, app))
+        instrument_worker(_pool_name(options, app), WorkerSettings.from_env().otel_spans_file)
 
 
 def _observe(app: Celery, observer: CallObserver) -> None:
