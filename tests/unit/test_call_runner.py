@@ -178,3 +178,26 @@ def test_a_run_whose_filing_fails_with_a_store_error_stops_holding_its_claim() -
     wait_for(lambda: claims.append(ledger.claim(t.run_id, "c1", "another-run", t.deadline).kind)
              or claims[-1] != "busy", timeout=5, what="the failed run's claim to lapse")
     assert claims[-1] == "claimed"
+
+
+def test_an_interrupt_landing_in_an_observer_ends_the_run_and_lets_its_claim_go() -> None:
+    """Celery's soft limit can land anywhere, an observer included: it is the call's interrupt,
+    not the observer's failure, so it is not swallowed, and the claim is no longer renewed."""
+
+    class SoftLimit(Exception):
+        pass
+
+    class Slow(CallObserver):
+        def run_started(self, payload: ToolTask, attempt: int, queued_secs: float | None) -> None:
+            raise SoftLimit()
+
+    ledger = MemoryLedger(lease_secs=1)
+    r = CallRunner(ToolRegistry([echo]), ledger, host="test", interrupts=(SoftLimit,))
+    r.observers.add(Slow())
+    t = task()
+    with pytest.raises(SoftLimit):
+        r.run(Delivery(t))
+    claims: list[str] = []
+    wait_for(lambda: claims.append(ledger.claim(t.run_id, "c1", "another-run", t.deadline).kind)
+             or claims[-1] != "busy", timeout=5, what="the interrupted run's claim to lapse")
+    assert claims[-1] == "claimed"

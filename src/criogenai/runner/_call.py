@@ -160,7 +160,7 @@ class CallRunner:
         self.exiting = exiting
         """Says the process is being ended under its calls (a prefork child's SIGTERM)."""
         self.inline_sync = False
-        self.observers = Observers()
+        self.observers = Observers(passes=interrupts)
         self.leases = LeaseKeeper(ledger, refused)
         self._host = host
         self._refused = refused
@@ -227,8 +227,8 @@ class CallRunner:
         lost = too_many_runs(payload, attempt)
         if lost is not None:
             return self._finish(d, payload, lost, attempt)
-        outcome = self._execute(d, payload, tool, attempt)
         try:
+            outcome = self._execute(d, payload, tool, attempt)
             try:
                 return self._conclude(d, payload, outcome, attempt)
             except self.interrupts:
@@ -238,8 +238,8 @@ class CallRunner:
                 # idempotent), and billiard sends the signal once per task.
                 return self._conclude(d, payload, outcome, attempt)
         except BaseException:
-            # Whatever ends this delivery (a store error other than an outage, a bug), the claim
-            # this run holds must not be renewed for ever: it would keep the call "busy".
+            # Whatever ends this run (a store error other than an outage, the process leaving, a
+            # bug), the claim it holds must not be renewed for ever: it would keep the call "busy".
             self.leases.drop(run_id, call.id)
             raise
 
@@ -276,9 +276,6 @@ class CallRunner:
                 )
             except self.interrupts:  # landed in the executor's own code, after the tool's run
                 outcome = timed_out(call.name, payload.timeout_secs, time.monotonic() - started)
-            except BaseException:
-                self.leases.drop(run_id, call.id)
-                raise
             end_tool_span(span, outcome.status, outcome.artifact)
         return outcome
 

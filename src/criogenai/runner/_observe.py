@@ -59,10 +59,12 @@ class CallObserver:
 
 
 class Observers(CallObserver):
-    """Several observers as one; one that raises is logged and the others are still told."""
+    """Several observers as one; one that raises is logged and the others are still told. An
+    interrupt of the call (Celery's soft limit, in ``passes``) is not the observer's: it goes on."""
 
-    def __init__(self) -> None:
+    def __init__(self, passes: tuple[type[BaseException], ...] = ()) -> None:
         self._all: tuple[CallObserver, ...] = ()
+        self._passes = passes
 
     def add(self, observer: CallObserver) -> None:
         self._all = (*self._all, observer)
@@ -71,6 +73,8 @@ class Observers(CallObserver):
         for observer in self._all:
             try:
                 getattr(observer, method)(*args)
+            except self._passes:
+                raise
             except Exception:
                 log.warning("call observer %s failed in %s", type(observer).__name__, method, exc_info=True)
 

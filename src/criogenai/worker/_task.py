@@ -164,7 +164,8 @@ class CallRequest(Request):  # type: ignore[misc]
     """Celery's request for a call. Described in control replies (``inspect active``, ``reserved``,
     ``scheduled``, ``query_task``) as in logs and Flower: shadow name and ids, never the
     arguments, which Celery's own CLI asks for (``safe=False``). In the main process it tells the
-    runtime when the call's process died or was killed at its hard limit."""
+    runtime when the call's process died or was killed at its hard limit; not during a cold
+    shutdown, when the call is left to its lease and its dispatcher sends it again."""
 
     runtime: WorkerRuntime
 
