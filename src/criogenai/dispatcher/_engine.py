@@ -141,6 +141,8 @@ class FleetEngine:
         # about a lease and a quarter.
         self._max_interval = max(CHECK_AFTER_SECS, ledger.lease_secs / 4)
         self._worker_died_at: dict[str, float] = {}
+        self._store_broke_at = -1.0
+        """When this dispatcher's own connection to Redis last broke (see ``_check_unstarted``)."""
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._publisher = concurrent.futures.ThreadPoolExecutor(
@@ -404,6 +406,7 @@ class FleetEngine:
                 reading.ok()
             except Exception as exc:
                 reading.failed(exc)
+                self._store_broke_at = time.monotonic()
                 self._closed.wait(0.5)
                 replies = []
             if replies:
@@ -419,6 +422,7 @@ class FleetEngine:
                     checking.ok()
                 except Exception as exc:
                     checking.failed(exc)
+                    self._store_broke_at = time.monotonic()
         reading.close()
         checking.close()
 
@@ -474,10 +478,13 @@ class FleetEngine:
 
     def _check_unstarted(self, run_id: str, p: _Pending, now: float, live: dict[str, bool]) -> None:
         payload, queue = p.send.payload, p.send.queue
-        if self._worker_died_at.get(queue, -1.0) > p.published:
+        if max(self._worker_died_at.get(queue, -1.0), self._store_broke_at) > p.published:
             # The dead worker may have taken the message before it could start it, and that
-            # message is not seen again for a visibility timeout. Sending it again is safe for
-            # any tool: a call never started cannot start twice (the claim decides).
+            # message is not seen again for a visibility timeout. So may a worker whose pop was
+            # in flight when connections to Redis broke (this dispatcher's broke too): the server
+            # took the messages off the queue, and the reply carrying them was lost. Sending it
+            # again is safe for any tool: a call never started cannot start twice (the claim
+            # decides).
             self._redrive(run_id, p, now)
             return
         no_worker = not live[queue] and now - p.published >= self.limits.no_worker_secs

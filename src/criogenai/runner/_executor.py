@@ -256,8 +256,21 @@ def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | 
 
 
 def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:
+    scopes: list[asyncio.Timeout] = []
+
+    def expire_now() -> bool:
+        """On the loop: end the run through its own time limit, now; False if it cannot be (not
+        started yet). A limit that has fired already is left to finish its one cancellation."""
+        if not scopes:
+            return False
+        with contextlib.suppress(RuntimeError):  # expiring or expired already
+            if not scopes[0].expired():
+                scopes[0].reschedule(asyncio.get_running_loop().time())
+        return True
+
     async def bounded() -> Any:
         scope = asyncio.timeout(timeout)
+        scopes.append(scope)
         try:
             async with scope:
                 value = await make_coro()
@@ -274,7 +287,7 @@ def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | No
     if _loop.can_wait():
         value = _await_on_this_loop(bounded(), timeout, stop)
     else:
-        value = _await_from_thread(bounded(), timeout, stop)
+        value = _await_from_thread(bounded(), timeout, stop, expire_now)
     if value is _EXPIRED:
         raise _TimedOut
     return value
@@ -306,9 +319,21 @@ def _await_on_this_loop(coro: Any, timeout: float, stop: CallStop | None) -> Any
             stop.disarm()
 
 
-def _await_from_thread(coro: Any, timeout: float, stop: CallStop | None) -> Any:
-    """From a thread: run the tool's coroutine on the process loop and block until it ends."""
+def _await_from_thread(
+    coro: Any, timeout: float, stop: CallStop | None, expire_now: Callable[[], bool]
+) -> Any:
+    """From a thread: run the tool's coroutine on the process loop and block until it ends.
+
+    A soft limit arriving in this thread ends the run through ``expire_now`` (its own time limit,
+    fired early), not by cancelling its task as well: both limits fall due at once on prefork, and
+    a second cancellation would cut short the tool's handling of the first (an MCP client's
+    ``notifications/cancelled``)."""
     ended = threading.Event()
+    loop = _loop.ProcessLoop.get()
+
+    def expire_or_cancel() -> None:
+        if not expire_now():
+            future.cancel()
 
     async def run() -> Any:
         try:
@@ -316,7 +341,7 @@ def _await_from_thread(coro: Any, timeout: float, stop: CallStop | None) -> Any:
         finally:
             ended.set()
 
-    future = asyncio.run_coroutine_threadsafe(run(), _loop.ProcessLoop.get())
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
     if stop is not None:
         stop.arm(future.cancel)  # its callback cancels the coroutine's task on the loop
     try:
@@ -332,12 +357,13 @@ def _await_from_thread(coro: Any, timeout: float, stop: CallStop | None) -> Any:
             raise _Cancelled from None
         raise
     except BaseException as exc:
-        future.cancel()
-        if not isinstance(exc, _TimedOut):
-            # A soft limit arrived in this (waiting) thread: give the coroutine's own cancellation
-            # handling a moment to end before the call's outcome is filed. (Past the hard limit
-            # the coroutine is abandoned at once: it ignores cancellation or blocks the loop.)
-            ended.wait(CANCEL_GRACE_SECS)
+        if isinstance(exc, _TimedOut):
+            raise  # past the hard limit: abandoned at once (it ignores cancellation or blocks the loop)
+        # A soft limit arrived in this (waiting) thread: end the run, and give the coroutine's
+        # own cancellation handling a moment to end before the call's outcome is filed.
+        loop.call_soon_threadsafe(expire_or_cancel)
+        ended.wait(CANCEL_GRACE_SECS)
+        future.cancel()  # still running after the grace: abandoned
         raise
     finally:
         if stop is not None:
