@@ -293,6 +293,13 @@ def distinct_runs(key: str) -> int:
 @tool(idempotent=True)
 def mark_run(key: str) -> str:
     """Count one run under key with a run id of its own, so that a Redis command the client sends
-    again after a killed connection cannot count it twice (INCR could)."""
-    ledger().sadd(f"test:run-ids:{key}", uuid.uuid4().hex)
-    return key
+    again after a killed connection cannot count it twice (INCR could). The kill-storm test kills
+    this counter's connections too: the count is tried again until it lands."""
+    run_id = uuid.uuid4().hex
+    for _ in range(50):
+        try:
+            ledger().sadd(f"test:run-ids:{key}", run_id)
+            return key
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError("the test counter did not answer")
