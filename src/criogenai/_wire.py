@@ -64,13 +64,15 @@ OnToolException = Literal["return_to_model", "return_generic", "fail"]
 
 
 class Versioned(BaseModel):
-    """Data that crosses processes or outlives one: frozen, unknown fields refused, and a ``v``.
+    """Data that crosses processes or outlives one: frozen, unknown fields refused, no NaN or
+    infinite number (a deadline of NaN compares false with every time: it would never pass), and
+    a ``v``.
 
     A model changes its format by overriding ``v`` (``v: Literal[2] = 2``); a reader that meets a
     version it does not know refuses the record instead of guessing.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     v: Literal[1] = WIRE_VERSION
 

@@ -182,9 +182,14 @@ def test_claims_sent_together_after_redis_lost_its_scripts_all_succeed(own_redis
     ledger = RedisLedger(own_redis.url)
     ledger.claim("run", "warm", "token", time.time() + 60)  # the scripts are loaded
     # When Redis loses its scripts (a restart, SCRIPT FLUSH) just before a batch of 50 claims
-    redis.Redis(port=own_redis.port).script_flush()
+    admin = redis.Redis(port=own_redis.port)
+    admin.script_flush()
+    admin.config_resetstat()
     runner = GreenletRunner(100)
     futures = [runner.submit(ledger.claim, "run", f"c{i}", "token", time.time() + 60) for i in range(50)]
-    # Then every claim of the batch is made, once (each answered NOSCRIPT, loaded again, sent again)
+    # Then every claim of the batch is made, once (each answered NOSCRIPT and sent again), and the
+    # script is loaded again once, not once per call, each a round trip on the loop's thread
     claims = [f.result(20) for f in futures]
     assert [(c.kind, c.attempt) for c in claims] == [("claimed", 1)] * 50
+    loads = admin.info("commandstats").get("cmdstat_script|load", {}).get("calls", 0)
+    assert loads == 1, f"the claim script was loaded {loads} times"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import threading
 import time
 from collections import Counter
@@ -187,6 +188,34 @@ def test_an_async_tool_that_fails_while_cut_at_its_limit_ends_timeout_not_except
     with Dispatcher([fails_when_cut], settings=Settings(), limits={"tool_timeout_secs": 0.3}) as d:
         [r] = d.run_turn_sync([ToolCall(id="c", name="fails_when_cut", arguments={"seconds": 5})])
     assert r.status == "timeout", r
+
+
+@tool
+async def async_exits(how: str) -> str:
+    """Leave by sys.exit() or KeyboardInterrupt from an async tool."""
+    await asyncio.sleep(0)
+    if how == "exit":
+        sys.exit("leaving")
+    raise KeyboardInterrupt
+
+
+def test_an_async_tool_that_calls_sys_exit_fails_alone_and_the_loop_keeps_serving() -> None:
+    """asyncio re-raises SystemExit and KeyboardInterrupt out of the event loop: unhandled, they
+    would end the loop every call runs on. They are the tool's failure, like any exception."""
+    tools = [async_exits, nap]
+    calls = [ToolCall(id=h, name="async_exits", arguments={"how": h}) for h in ("exit", "interrupt")]
+    with Dispatcher(tools, settings=Settings()) as d:
+        assert [r.status for r in d.run_turn_sync(calls)] == ["exception", "exception"]
+        [after] = d.run_turn_sync([ToolCall(id="n", name="nap", arguments={"seconds": 0})])
+    assert after.status == "ok"
+
+    async def on_my_loop() -> list[str]:
+        with Dispatcher(tools, settings=Settings()) as d:
+            results = await d.run_turn(calls)
+            await asyncio.sleep(0)  # the application's loop still runs
+            return [r.status for r in results]
+
+    assert asyncio.run(on_my_loop()) == ["exception", "exception"]
 
 
 def test_sync_and_async_tools_past_their_limit_time_out() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from examples.clinic import get_lab_result, schedule_visit, send
+from pydantic import ValidationError
 
 from criogenai import Agent, AnthropicModel, ModelError, Settings, tool, tool_from_schema
 from criogenai.agent import AssistantMessage, ModelRequest, OpenAIModel, UserMessage
@@ -240,3 +241,20 @@ def test_the_chat_server_is_faithful_to_the_openai_sdk_and_the_adapter_sends_val
     assert strict == {"schedule_visit": None, "get_lab_result": True, "send_message": True}
     assert json.loads(s.requests[1]["messages"][2]["tool_calls"][0]["function"]["arguments"]) == {
         "test_id": "LAB-12345"}
+
+
+@pytest.mark.parametrize("field", ["deadline", "timeout_secs", "initial_backoff_secs"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "NaN", "Infinity"])
+def test_a_call_message_with_a_nan_or_infinite_number_is_refused(field: str, value: object) -> None:
+    """A deadline of NaN compares false with every time, so a replayed message would never expire;
+    an infinite time limit never fires. No wire number may be either."""
+    from criogenai._wire import ToolTask
+
+    body = {
+        "run_id": "r", "call": {"id": "c", "name": "echo", "arguments": {}}, "timeout_secs": 5,
+        "max_attempts": 1, "initial_backoff_secs": 0.1, "max_backoff_secs": 1, "jitter": 0,
+        "on_tool_exception": "return_to_model", "max_result_chars": 100, "deadline": 2e9,
+    }
+    ToolTask.model_validate(body)  # as sent by a dispatcher
+    with pytest.raises(ValidationError):
+        ToolTask.model_validate({**body, field: value})

@@ -88,7 +88,6 @@ class InProcessEngine:
         prefix: str = "crg",
         signing_secret: str | None = None,
     ) -> None:
-        self.registry = registry
         self.ledger = ledger
         self.limits = limits
         self.runner = CallRunner(

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import greenlet
@@ -94,6 +95,13 @@ def _interrupt_this_thread() -> Callable[[], None]:
 
 
 _EXPIRED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    """What an async tool raised that must not leave its task on the loop (``SystemExit``)."""
+
+    exc: BaseException
 
 CANCEL_GRACE_SECS = 1.0
 """How long a thread that stopped an async tool waits for the tool's own cancellation handling."""
@@ -274,12 +282,16 @@ def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | No
         try:
             async with scope:
                 value = await make_coro()
-        except BaseException:
+        except BaseException as exc:
             # Cut at our limit: whatever the tool raised while being cancelled (an MCP client's
             # own error, say) is its stopping, not a failure of its own. A TimeoutError the tool
             # raised itself before the limit is its own exception.
             if scope.expired():
                 return _EXPIRED
+            if isinstance(exc, SystemExit | KeyboardInterrupt):
+                # An asyncio task re-raises these out of the event loop itself, which would end
+                # the loop's thread and every call on it: carried out as the tool's own failure.
+                return _Raised(exc)
             raise
         # A coroutine that swallowed its cancellation and returned anyway still ran past its limit.
         return _EXPIRED if scope.expired() else value
@@ -290,6 +302,8 @@ def _run_async(make_coro: Callable[[], Any], timeout: float, stop: CallStop | No
         value = _await_from_thread(bounded(), timeout, stop, expire_now)
     if value is _EXPIRED:
         raise _TimedOut
+    if isinstance(value, _Raised):
+        raise value.exc
     return value
 
 

@@ -460,14 +460,22 @@ class _HotScripts:
         self._connections = _Connections(client, HOT_CONNECTIONS)
         self._batched = _Batched(self._connections)
         self._no_script, self._unreachable = NoScriptError, unreachable()
+        self._loads: dict[int, int] = {}
+        """Script → how many times it was loaded again; the calls whose batch met NOSCRIPT together
+        load it once, not once each (a thousand round trips on the loop after a restart)."""
+        self._load_lock = threading.Lock()
 
     def run(self, script: Script, keys: list[str], args: list[str | int | float]) -> object:
         for delay in self._RETRY_DELAYS:
             try:
+                loads = self._loads.get(id(script), 0)
                 try:
                     return self._once(script, keys, args)
                 except self._no_script:  # the server restarted or was flushed: load it again
-                    script.sha = self._client.script_load(script.script)
+                    with self._load_lock:
+                        if self._loads.get(id(script), 0) == loads:
+                            script.sha = self._client.script_load(script.script)
+                            self._loads[id(script)] = loads + 1
                     return self._once(script, keys, args)
             except self._unreachable:
                 if delay is None:
@@ -574,7 +582,8 @@ class RedisLedger:
 
     def await_retry(self, run_id: str, call_id: str, token: str, wait_secs: float) -> None:
         ms = int((wait_secs + self.lease_secs) * 1000)
-        self._await_retry(keys=[self.keys.claim(run_id, call_id)], args=[token, ms])
+        # As a claim or a filing: batched for a call waiting on the loop, which it must not block.
+        self._hot.run(self._await_retry, [self.keys.claim(run_id, call_id)], [token, ms])
 
     def finish(
         self,

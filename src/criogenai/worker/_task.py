@@ -74,7 +74,6 @@ class WorkerRuntime:
         self, app: Celery, registry: ToolRegistry, ledger: Ledger, *, signing_secret: str | None = None
     ) -> None:
         self.app = app
-        self.ledger = ledger
         self.runner = CallRunner(
             registry,
             ledger,
@@ -88,6 +87,10 @@ class WorkerRuntime:
             exiting=terminate_handler_fired,
         )
         self.on_heartbeat: BeatHook | None = None  # the tool catalog's publisher (``_catalog``)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.runner.ledger
 
     def after_fork(self) -> None:
         self.runner.after_fork()
