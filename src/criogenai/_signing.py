@@ -115,8 +115,8 @@ _SIGNED_RESULT_FIELDS = (
 def canonical_result(result: ToolResult) -> bytes:
     """The bytes a result's signature covers: the label, then a canonical JSON of its fields.
 
-    Built from the result as JSON text, read back (what the dispatcher reads: a NaN in an artifact
-    is already null there), sorted keys, ASCII only.
+    Built from the result as JSON text, read back (what the dispatcher reads), sorted keys, ASCII
+    only.
     """
     body = json.loads(result.model_dump_json())
     signed = {name: body.get(name) for name in _SIGNED_RESULT_FIELDS}

@@ -17,6 +17,7 @@ from criogenai import ToolContext, ToolError, tool
 from criogenai.runner._executor import execute
 from criogenai.runner._outcomes import GENERIC_FAILURE, Outcome
 from criogenai.tools import DEFAULT_MAX_RESULT_CHARS, cut, to_json_text
+from criogenai.tools._content import ToolOutput
 
 CTX = ToolContext(call_id="call-1", run_id="run-1", tool_name="t")
 
@@ -355,6 +356,23 @@ def test_a_nan_result_is_an_exception() -> None:
         return float("nan")
 
     assert run(ratio, {}).status == "exception"
+
+
+def test_what_a_tool_keeps_for_the_run_is_plain_json_and_a_nan_there_is_an_exception() -> None:
+    @tool
+    def measured(broken: bool) -> ToolOutput:
+        """Returns a value for the model and a reading kept with the run."""
+        reading = float("nan") if broken else 1.5
+        at = datetime.datetime(2025, 1, 2, 9, 0)
+        return ToolOutput("measured", {"reading": reading, "at": Booking(slot="09:00", at=at)})
+
+    kept = run(measured, {"broken": False})
+    refused = run(measured, {"broken": True})
+
+    assert kept.status == "ok"
+    assert kept.artifact == {"reading": 1.5, "at": {"slot": "09:00", "at": "2025-01-02T09:00:00", "tags": []}}
+    assert refused.status == "exception"
+    assert "not valid JSON" in refused.content
 
 
 def test_a_sync_tool_past_its_limit_times_out_without_waiting_for_it() -> None:

@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import json
 import logging
 import queue
 import signal
@@ -442,6 +443,8 @@ def execute(
         value = _invoke(tool, kwargs, ctx, timeout_secs, inline_sync, stop)
         if isinstance(value, ToolOutput):
             value, kept = value.value, value.artifact
+            if kept:  # plain JSON like the value: a NaN or an object here would break the result
+                kept = json.loads(to_json_text(kept))
         text = to_json_text(value)
     except ToolError as exc:
         message = cut(str(exc.message), max_result_chars)
