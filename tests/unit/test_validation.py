@@ -6,7 +6,7 @@ import pytest
 from examples.clinic import Address, get_lab_result, schedule_visit, send
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from criogenai import Limits, ToolCall, tool
+from criogenai import Dispatcher, Limits, Settings, ToolCall, ToolError, tool
 from criogenai.dispatcher._validate import check_turn
 from criogenai.tools import InvalidArguments, ToolRegistry, ValidArguments
 
@@ -258,6 +258,50 @@ def test_arguments_passing_the_model_validators_become_instances() -> None:
     assert isinstance(checked, ValidArguments)
     assert checked.kwargs["patients"] == [Patient(name="Ann", visits=[Visit(start=1, end=2)])]
     assert checked.kwargs["lead"] is None
+
+
+class City(BaseModel):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value == "Atlantis":
+            raise ToolError("no such city: Atlantis; try a real one")
+        if value == "Bug":
+            raise RuntimeError("the lookup table is at /etc/secret-path")
+        return value
+
+
+@tool
+def forecast(city: City) -> str:
+    """The weather in a city."""
+    return "sunny"
+
+
+def test_a_tool_error_raised_by_an_argument_validator_is_the_models_invalid_arguments() -> None:
+    assert problems_of(forecast.validate({"city": {"name": "Atlantis"}})) == [
+        "arguments: no such city: Atlantis; try a real one"
+    ]
+
+
+def test_any_other_exception_of_an_argument_validator_is_invalid_arguments_naming_its_type_only() -> None:
+    problems = problems_of(forecast.validate({"city": {"name": "Bug"}}))
+
+    assert problems == ["arguments: a validator of this tool raised RuntimeError"]
+
+
+def test_a_turn_goes_on_when_a_validator_raises_and_the_other_calls_run() -> None:
+    calls = [
+        ToolCall(id="a", name="forecast", arguments={"city": {"name": "Bug"}}),
+        ToolCall(id="b", name="forecast", arguments={"city": {"name": "Lyon"}}),
+    ]
+
+    with Dispatcher([forecast], settings=Settings()) as d:
+        results = d.run_turn_sync(calls)
+
+    assert [(r.call_id, r.status) for r in results] == [("a", "invalid_arguments"), ("b", "ok")]
+    assert "secret-path" not in results[0].content
 
 
 # -- check_turn: the dispatcher's look at a whole turn -----------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, ov
 
 from pydantic import BaseModel, ValidationError
 
-from .._errors import ToolDefinitionError
+from .._errors import ToolDefinitionError, ToolError
 from .._keys import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .._wire import ToolDefinition
 from ._context import ToolContext
@@ -186,6 +186,12 @@ class Tool(Generic[P, R]):
             instance = self._model.model_validate(arguments)
         except ValidationError as exc:
             return InvalidArguments([_pydantic_problem(err) for err in exc.errors()])
+        except ToolError as exc:  # a validator's message for the model, as from the tool itself
+            return InvalidArguments([f"arguments: {exc.message}"])
+        except Exception as exc:
+            # Pydantic lets anything but ValueError and AssertionError out of a validator; it is the
+            # tool's code failing, and its text may hold what the model must not see: the type only.
+            return InvalidArguments([f"arguments: a validator of this tool raised {type(exc).__name__}"])
         return ValidArguments({k: getattr(instance, k) for k in type(instance).model_fields})
 
     def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
