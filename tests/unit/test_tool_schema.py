@@ -117,6 +117,19 @@ def test_literal_hint_becomes_enum() -> None:
 
 
 @tool
+def one_literal(kind: Literal["home"], n: Literal[3] = 3) -> None:
+    """Literal of one value."""
+
+
+def test_a_one_value_literal_is_a_one_item_enum_not_const() -> None:
+    assert one_literal.schema["properties"]["kind"] == {"enum": ["home"], "type": "string"}
+    assert one_literal.schema["properties"]["n"]["enum"] == [3]
+    assert "const" not in json.dumps(one_literal.schema)
+    assert isinstance(one_literal.validate({"kind": "away"}), InvalidArguments)
+    assert isinstance(one_literal.validate({"kind": "home"}), ValidArguments)
+
+
+@tool
 def typing_list(xs: List[str]) -> None:  # noqa: UP006
     """typing.List."""
 

@@ -40,6 +40,14 @@ class _NoFieldTitles(GenerateJsonSchema):
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False
 
+    def literal_schema(self, schema: Any) -> Any:
+        """A one-value ``Literal`` as a one-item ``enum``, like any other, not ``const``: some
+        providers' tool-schema subsets refuse ``const``."""
+        out = super().literal_schema(schema)
+        if "const" in out and "enum" not in out:
+            out["enum"] = [out.pop("const")]
+        return out
+
 
 def _hint_problem(hint: Any) -> str | None:
     """Why ``hint`` cannot be an argument's type, or None when it can."""
