@@ -303,3 +303,29 @@ def test_before_tool_hooks_are_the_agents_own(agents: list[Agent]) -> None:
     result = agent(agents, fake, before_tool=[no_messages_at_night]).run_sync("night shift")
     assert [r.status for r in result.tool_results] == ["blocked", "ok"]
     assert "Messages are not sent at night." in fake.requests[1].tool_results["m"]
+
+
+
+def test_a_run_ended_by_any_other_exception_is_stored_failed_with_it_and_retry_continues_it(
+    agents: list[Agent],
+) -> None:
+    class FlakyModel(FakeModel):
+        """A model adapter of the user's own, with a bug on its first request."""
+
+        broken = True
+
+        async def complete(self, request: ModelRequest) -> AssistantMessage:
+            if self.broken:
+                raise RuntimeError("the adapter's bug")
+            return await super().complete(request)
+
+    model = FlakyModel(["done"])
+    a = agent(agents, model)
+    with pytest.raises(RuntimeError, match="adapter's bug"):
+        a.run_sync("go", run_id="r-bug")
+
+    failed = a.get_run("r-bug")
+    assert failed.status == "failed" and failed.error is not None
+    assert (failed.error.code, failed.error.message) == ("error", "RuntimeError: the adapter's bug")
+    model.broken = False
+    assert a.retry_sync("r-bug").output == "done"

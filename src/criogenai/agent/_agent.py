@@ -9,6 +9,7 @@ calls that finished instead of running them again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -85,6 +86,17 @@ def _check_run_id(run_id: str) -> str:
     if not 0 < len(run_id) <= 200 or "{" in run_id or "}" in run_id:
         raise ConfigurationError(f"run id {run_id!r}: use 1 to 200 characters, without braces")
     return run_id
+
+
+
+def _run_error(exc: Exception) -> RunError:
+    """What a failed run's record says of the exception that ended it: a tool's failure under
+    ``fail``, the model's, or anything else (the store, a hook) by its type and text."""
+    if isinstance(exc, ToolFailed):
+        return RunError(code=exc.code, message=str(exc), call_id=exc.result.call_id)
+    if isinstance(exc, ModelError):
+        return RunError(code=exc.code, message=str(exc))
+    return RunError(code="error", message=f"{type(exc).__name__}: {exc}"[:2000])
 
 
 def _dispatch_ids(history: Sequence[RunEntry], index: int) -> list[str]:
@@ -231,7 +243,14 @@ class Agent:
 
     async def _drive(self, state: RunState, history: list[RunEntry]) -> RunResult:
         with genai_span("invoke_agent", "", {**self._genai, "criogenai.run_id": state.run_id}) as span:
-            result = await self._loop(state, history)
+            try:
+                result = await self._loop(state, history)
+            except Exception as exc:
+                # Whatever ends the run here is stored with it, so that ``get_run`` never shows
+                # ``running`` for a run nobody drives any more; ``retry()`` continues it.
+                with contextlib.suppress(Exception):  # the store may be what failed
+                    self._set(state, "failed", _run_error(exc))
+                raise
             span.set_attribute("criogenai.status", result.status)
             return result
 
@@ -252,13 +271,9 @@ class Agent:
             if rounds >= self.limits.max_model_rounds:
                 return self._result(self._set(state, "max_rounds"), history)
             request = ModelRequest(messages=[e.message for e in history], tools=self._specs)
-            try:
-                model_name = self._genai.get("gen_ai.request.model", "")
-                with genai_span("chat", model_name, self._genai, client=True):
-                    reply = await self.model.complete(request)
-            except ModelError as exc:
-                self._set(state, "failed", RunError(code=exc.code, message=str(exc)))
-                raise
+            model_name = self._genai.get("gen_ai.request.model", "")
+            with genai_span("chat", model_name, self._genai, client=True):
+                reply = await self.model.complete(request)
             self._append(rid, history, reply)
 
     @staticmethod
@@ -285,12 +300,7 @@ class Agent:
                 refused[d] = bad
             else:
                 calls.append(ToolCall(id=d, name=c.name, arguments=c.arguments))
-        try:
-            results = await self.dispatcher.run_turn(calls, run_id=rid, scope=state.user) if calls else []
-        except ToolFailed as exc:
-            error = RunError(code=exc.code, message=str(exc), call_id=exc.result.call_id)
-            self._set(state, "failed", error)
-            raise
+        results = await self.dispatcher.run_turn(calls, run_id=rid, scope=state.user) if calls else []
         by_id = refused | {r.call_id: r for r in results}
         ordered = [by_id[d] for d in ids]
         waiting = [r for r in ordered if r.status in WAITING_STATUSES]

@@ -37,7 +37,7 @@ class RunEntry(_Record):
 
 
 class RunError(_Record):
-    """Why a run failed: ``code`` is ``tool_failed`` or ``model_error``."""
+    """Why a run failed: ``code`` is ``tool_failed``, ``model_error``, or ``error`` (anything else)."""
 
     code: str
     message: str
