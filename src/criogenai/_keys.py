@@ -44,7 +44,8 @@ class Keys:
 
     def claim(self, run_id: str, call_id: str) -> str:
         """String ``run:<token>`` (a worker runs it) or ``wait:<token>`` (its retry is due), with a
-        lease TTL: the only key of a single call, and only while it is unfinished."""
+        lease TTL: the only key of a single call, and only while it is unfinished. The token is
+        one delivery's own (``CallRunner``), never shared by two deliveries of the call."""
         return f"{self.prefix}:{{{run_id}}}:claim:{call_id}"
 
     def starts(self, run_id: str) -> str:

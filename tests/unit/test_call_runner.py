@@ -12,10 +12,10 @@ import pytest
 
 from criogenai import ToolCall, ToolError, tool
 from criogenai._signing import sign
-from criogenai._wire import ToolTask
+from criogenai._wire import ToolResult, ToolTask
 from criogenai.runner import Answered, CallRunner, Delivery, NotRun, Refused, RunAgain
 from criogenai.runner._observe import CallObserver, current_call
-from criogenai.store import Ledger, MemoryLedger, RedisLedger
+from criogenai.store import Claim, Ledger, MemoryLedger, RedisLedger
 from criogenai.tools import ToolRegistry
 from tests.conftest import fleet_url, wait_for
 
@@ -83,6 +83,26 @@ def test_a_delivery_of_a_call_another_run_holds_waits_for_it(ledger: Ledger) -> 
     t = task()
     ledger.claim(t.run_id, "c1", "someone-else", t.deadline)
     assert runner(ledger).run(Delivery(t)) == NotRun("busy")
+
+
+def test_a_claim_or_filing_sent_again_by_its_delivery_is_its_own_and_another_deliverys_is_not(
+    ledger: Ledger,
+) -> None:
+    """What the ledger's retries send again after a lost reply: the same token's claim is the same
+    run (same attempt), its filing is filed once; any other token still finds busy, fenced or done."""
+    t = task()
+    assert ledger.claim(t.run_id, "c1", "d1", t.deadline) == Claim("claimed", 1)
+    assert ledger.claim(t.run_id, "c1", "d1", t.deadline) == Claim("claimed", 1)
+    assert ledger.claim(t.run_id, "c1", "d2", t.deadline) == Claim("busy")
+    mine = ToolResult(call_id="c1", name="echo", run_id=t.run_id, status="ok", content="d1", attempts=1)
+    other = mine.model_copy(update={"content": "d2"})
+    assert not ledger.finish(other, t.run_id, "d2", None, done=True), "fenced: d1 holds the call"
+    reply_to = f"reply-{uuid.uuid4().hex}"
+    assert ledger.finish(mine, t.run_id, "d1", reply_to, done=True)
+    assert ledger.finish(mine, t.run_id, "d1", reply_to, done=True)
+    assert not ledger.finish(other, t.run_id, "d2", reply_to, done=True)
+    assert [r.content for r in ledger.pop_replies(reply_to, 1)] == ["d1"]
+    assert ledger.claim(t.run_id, "c1", "d1", t.deadline) == Claim("done")
 
 
 def test_a_delivery_past_its_deadline_or_given_up_does_not_run(ledger: Ledger) -> None:

@@ -25,6 +25,7 @@ each result onto its dispatcher's reply list and acknowledges the message in the
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -166,9 +167,17 @@ class CallRunner:
         self._refused = refused
         self._store_errors = ErrorBurst(log, "the ledger (Redis) did not answer a claim or a filing")
         self.token = self._new_token()
+        """This process's part of the token each delivery claims and files under (``_delivery_token``)."""
+        self._deliveries = itertools.count(1)
 
     def _new_token(self) -> str:
         return f"{self._host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    def _delivery_token(self) -> str:
+        """A token for one delivery's claim, lease and filing, never another's (two deliveries of
+        a call in one process included): the ledger knows the delivery's own claim or filing,
+        sent again after its reply was lost, from another delivery's (``Ledger.claim``)."""
+        return f"{self.token}:{next(self._deliveries)}"
 
     def after_fork(self) -> None:
         """In a prefork child: its own token and threads; sync tools run inline under Celery's limits."""
@@ -208,12 +217,13 @@ class CallRunner:
             # idempotent runs once.
             payload = payload.model_copy(update={"max_attempts": 1})
 
-        claim = self._claim(payload)
+        token = self._delivery_token()
+        claim = self._claim(payload, token)
         if claim.kind == "cancelled":
             # Its turn was cancelled before this run could start (a first run or a retry).
             log.info("call %s/%s not run: its turn was cancelled", run_id, call.id)
             starts = self.ledger.progress(run_id, [call.id])[call.id].starts
-            return self._finish(d, payload, cancelled_before_start(call.name), starts)
+            return self._finish(d, payload, cancelled_before_start(call.name), starts, token)
         if claim.kind != "claimed":
             if claim.kind == "expired":
                 # Never started and past its deadline, given up, or failed the turn: its
@@ -226,24 +236,26 @@ class CallRunner:
         attempt = claim.attempt
         lost = too_many_runs(payload, attempt)
         if lost is not None:
-            return self._finish(d, payload, lost, attempt)
+            return self._finish(d, payload, lost, attempt, token)
         try:
-            outcome = self._execute(d, payload, tool, attempt)
+            outcome = self._execute(d, payload, tool, attempt, token)
             try:
-                return self._conclude(d, payload, outcome, attempt)
+                return self._conclude(d, payload, outcome, attempt, token)
             except self.interrupts:
                 # Celery's soft limit and the executor's own timer both fire at timeout_secs, and
                 # the signal may land after the run has ended (an async tool, timed by the
                 # executor): the outcome stands. Concluding again is safe (filing is
                 # idempotent), and billiard sends the signal once per task.
-                return self._conclude(d, payload, outcome, attempt)
+                return self._conclude(d, payload, outcome, attempt, token)
         except BaseException:
             # Whatever ends this run (a store error other than an outage, the process leaving, a
             # bug), the claim it holds must not be renewed for ever: it would keep the call "busy".
             self.leases.drop(run_id, call.id)
             raise
 
-    def _execute(self, d: Delivery, payload: ToolTask, tool: Tool[..., Any], attempt: int) -> Outcome:
+    def _execute(
+        self, d: Delivery, payload: ToolTask, tool: Tool[..., Any], attempt: int, token: str
+    ) -> Outcome:
         """One run of the call, its claim renewed and a cancel of its turn reaching it."""
         call, run_id = payload.call, payload.run_id
         stop = _executor.CallStop()
@@ -255,7 +267,7 @@ class CallRunner:
             scope=payload.scope,
             cancel_event=stop.event,
         )
-        self.leases.hold(run_id, call.id, self.token, on_cancel=stop.cancel)
+        self.leases.hold(run_id, call.id, token, on_cancel=stop.cancel)
         queued = None if d.sent_at is None else max(0.0, time.time() - d.sent_at)
         self.observers.run_started(payload, attempt, queued)
         started = time.monotonic()
@@ -279,7 +291,7 @@ class CallRunner:
             end_tool_span(span, outcome.status, outcome.artifact)
         return outcome
 
-    def _conclude(self, d: Delivery, payload: ToolTask, outcome: Outcome, attempt: int) -> Step:
+    def _conclude(self, d: Delivery, payload: ToolTask, outcome: Outcome, attempt: int, token: str) -> Step:
         """Log the run, then have it run again later or file its result."""
         call, run_id = payload.call, payload.run_id
         delay = retry_delay(payload, outcome, attempt)
@@ -288,9 +300,9 @@ class CallRunner:
         self.observers.run_ended(payload, outcome, attempt, delay)
         if delay is not None:
             self.leases.drop(run_id, call.id)  # idempotent: run again if a late soft limit cut it short
-            self.ledger.await_retry(run_id, call.id, self.token, delay)
+            self.ledger.await_retry(run_id, call.id, token, delay)
             return RunAgain(delay, payload)
-        return self._finish(d, payload, outcome, attempt)
+        return self._finish(d, payload, outcome, attempt, token)
 
     def _refuse(self, payload: ToolTask, why: str, delivery_id: str | None) -> Refused:
         """Refuse the message; file the refusal only without a signing secret (see ``Refused``).
@@ -311,15 +323,15 @@ class CallRunner:
 
     # -- the ledger ------------------------------------------------------------------------------
 
-    def _claim(self, payload: ToolTask) -> Claim:
+    def _claim(self, payload: ToolTask, token: str) -> Claim:
         """The ledger's claim of the call; a forged result filed for it does not count as done.
-        When Redis does not answer, nothing ran and nothing is held: ``StoreAway("claim")``
-        (the ledger's own retries waited a few seconds)."""
+        When Redis does not answer, nothing ran: ``StoreAway("claim")`` (the ledger's own retries
+        waited a few seconds; a claim Redis took before the break is held until its lease runs out)."""
         run_id, call_id = payload.run_id, payload.call.id
         try:
-            claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
+            claim = self.ledger.claim(run_id, call_id, token, payload.deadline)
             if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
-                claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
+                claim = self.ledger.claim(run_id, call_id, token, payload.deadline)
         except StoreUnavailable as exc:
             if not self._refused(exc):
                 self._store_errors.failed(exc)
@@ -327,14 +339,16 @@ class CallRunner:
         self._store_errors.ok()
         return claim
 
-    def _finish(self, d: Delivery, payload: ToolTask, outcome: Outcome, attempts: int) -> Answered:
+    def _finish(
+        self, d: Delivery, payload: ToolTask, outcome: Outcome, attempts: int, token: str
+    ) -> Answered:
         """File the call's result, retrying while Redis is away with its lease still renewed (the
         call ran: better its result late than the call run again elsewhere)."""
         run_id, call_id = payload.run_id, payload.call.id
         result, done = filed_result(payload, outcome, attempts)
         for delay in FILE_RETRY_DELAYS:
             try:
-                filed = self._file(result, payload, self.token, done=done, delivery_tag=d.delivery_tag)
+                filed = self._file(result, payload, token, done=done, delivery_tag=d.delivery_tag)
                 self._store_errors.ok()
                 break
             except StoreUnavailable as exc:

@@ -15,6 +15,11 @@ clears the start count, and a ``fail``ed call is marked stopped), while a re-dis
 (``prepare`` first, then new messages with a new deadline) may run a ``fail``ed or given-up call
 again.
 
+A claim carries the token of one delivery of the call (a message taken once, by one worker), so
+that a step sent again because its reply was lost on the way is known as the same step: a claim
+its token holds already is that same run (same attempt, not ``busy``), and a filing that finds its
+very result filed is filed. Any other delivery still finds the call ``busy`` or done.
+
 What a finished call leaves in Redis: its entry in the run's results hash, and Celery's result
 record only when ``Settings.celery_result_records`` asks for it. Its claim and start count go
 when it finishes.
@@ -101,7 +106,9 @@ class Ledger(Protocol):
 
     def claim(self, run_id: str, call_id: str, token: str, deadline: float) -> Claim:
         """Take the call for a run, unless it is finished, held by a live run, or was never
-        started and its ``deadline`` (Unix time) has passed."""
+        started and its ``deadline`` (Unix time) has passed. ``token`` is one delivery's own: a
+        claim it holds already is that claim sent again (the reply to the first was lost), the
+        same run with the same attempt, where any other token finds the call ``busy``."""
         ...
 
     def renew(self, claims: list[tuple[str, str, str]]) -> Renewal:
@@ -130,7 +137,8 @@ class Ledger(Protocol):
         """File a call's result under its run (``done``; else as a failure a re-dispatch may run
         again), drop the claim and the start count, notify ``reply_to``. With ``delivery_tag``,
         also acknowledge the call's broker message in the same round trip (when the broker is
-        this Redis). True when filed; False when the call had finished already, or when another
+        this Redis). True when filed, or when this very result is filed already (the same filing
+        sent again after its reply was lost); False when the call had finished already, or when another
         run holds the claim now (fencing: ``token``'s lease ran out, say a stopped worker resumed,
         and the call runs elsewhere, whose result is the one filed). ``token`` None: any holder."""
         ...
@@ -176,17 +184,23 @@ class Ledger(Protocol):
 
 
 # KEYS: results, claim, starts, cancel mark, stopped. ARGV: call id, token, lease ms, retention
-# secs, now, deadline. The rule is the module's docstring's.
+# secs, now, deadline. The rule is the module's docstring's; a claim this token holds already is
+# the same claim sent again (its reply was lost): the same run, not a new one.
 _CLAIM = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return -1 end
 local held = redis.call('GET', KEYS[2])
-if held and string.sub(held, 1, 4) == 'run:' then return -2 end
+local mine = held == 'run:' .. ARGV[2]
+if held and string.sub(held, 1, 4) == 'run:' and not mine then return -2 end
 if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then return -3 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return -4 end
 if tonumber(ARGV[5]) > tonumber(ARGV[6]) and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then
   return -3
 end
 redis.call('SET', KEYS[2], 'run:' .. ARGV[2], 'PX', ARGV[3])
+if mine then
+  local started = tonumber(redis.call('HGET', KEYS[3], ARGV[1]))
+  if started then return started end
+end
 local n = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 return n
@@ -242,7 +256,8 @@ return 1
 # KEYS 6 and 7: kombu's unacked hash and index. Acknowledging here spares the worker a round trip
 # per call, and makes "result filed" and "message acknowledged" one atomic step.
 # KEYS 8 and 9: the run's start counts and stopped calls.
-# Returns 1 when filed, 0 when the call had finished, -1 when another run holds it (fenced).
+# Returns 1 when filed (or this very result was filed already: the same filing sent again, its
+# reply lost), 0 when the call had finished otherwise, -1 when another run holds it (fenced).
 _FINISH = """
 if ARGV[8] ~= '' then
   redis.call('ZREM', KEYS[7], ARGV[8])
@@ -254,6 +269,7 @@ if held then
   redis.call('DEL', KEYS[3])
 end
 if ARGV[9] == '1' or held then redis.call('HDEL', KEYS[8], ARGV[1]) end
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -765,7 +781,8 @@ class MemoryLedger:
             if call_id in self._results[run_id]:
                 return Claim("done")
             held = self._held(key)
-            if held is not None and held.startswith("run:"):
+            mine = held == "run:" + token
+            if held is not None and held.startswith("run:") and not mine:
                 return Claim("busy")
             if key in self._stopped:
                 return Claim("expired")
@@ -774,7 +791,8 @@ class MemoryLedger:
             if time.time() > deadline and not self._starts.get(key):
                 return Claim("expired")
             self._claims[key] = ("run:" + token, time.monotonic() + self.lease_secs)
-            self._starts[key] += 1
+            if not (mine and self._starts.get(key)):
+                self._starts[key] += 1
             return Claim("claimed", self._starts[key])
 
     def renew(self, claims: list[tuple[str, str, str]]) -> Renewal:
@@ -827,6 +845,8 @@ class MemoryLedger:
                 self._claims.pop(key, None)
             if done or held is not None:
                 self._starts.pop(key, None)
+            if (self._results if done else self._failed)[run_id].get(result.call_id) == result:
+                return True  # filed already: the same filing again
             if result.call_id in self._results[run_id]:
                 return False
             (self._results if done else self._failed)[run_id][result.call_id] = result
