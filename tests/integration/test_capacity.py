@@ -215,6 +215,8 @@ def test_a_worker_whose_sync_tools_stay_blocked_in_c_past_their_limit_exits_for_
     cap, slots = 2, 3
     worker = worker_factory(pool="threads", concurrency=slots,
                             extra_env={"CRIOGENAI_MAX_ABANDONED_THREADS": str(cap)})
+    with make_dispatcher() as d:  # one call first: the threads a worker starts on its first call
+        assert d.run_turn_sync([ToolCall(id="warm", name="echo", arguments={"text": "-"})])[0].status == "ok"
     idle_threads = _threads(worker.proc.pid)
     # When a turn sends it more calls of a tool that stays blocked in C past its 1 s limit than
     # it may abandon, beside a 2 s call, then quick calls behind them
