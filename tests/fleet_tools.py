@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -268,6 +269,19 @@ async def block_loop(seconds: float) -> float:
     """A careless async tool: blocks the event loop (time.sleep in an async def)."""
     time.sleep(seconds)
     return seconds
+
+
+@tool(timeout_secs=1)
+def hang_in_c(key: str, seconds: float = 120.0) -> str:
+    """A hostile tool: counts its run, then waits in C (a socket read that gets no data) far past
+    its time limit, where the exception raised into its thread cannot reach it."""
+    _count(key)
+    quiet, _other = socket.socketpair()
+    with quiet, _other:
+        quiet.settimeout(seconds)
+        with contextlib.suppress(TimeoutError):
+            quiet.recv(1)
+    return "returned at last"
 
 
 @tool

@@ -229,7 +229,10 @@ class Settings(_Value):
         return _from_env(cls, "settings", environ, overrides)
 
 
-WORKER_OPTIONS = ("log_format", "metrics_port", "metrics_host", "health_port", "health_host", "otel")
+WORKER_OPTIONS = (
+    "log_format", "metrics_port", "metrics_host", "health_port", "health_host", "otel",
+    "max_abandoned_threads",
+)
 """The ``WorkerSettings`` that ``criogenai worker`` and ``celery -A criogenai.worker worker`` both take
 as options (``--log-format``, ...), each defaulting to its variable: declared once, here."""
 
@@ -268,6 +271,10 @@ class WorkerSettings(_Value):
     """The address the health checks bind to (0.0.0.0 in a container)."""
     otel: bool = False
     """Trace each call with OpenTelemetry (needs criogenai[otel])."""
+    max_abandoned_threads: int = Field(0, ge=0, le=100_000)
+    """Threads pool: once this many sync tools abandoned past their time limit still run (blocked
+    in C: a socket read without a timeout, a lock), stop taking calls, let those in flight finish,
+    and exit with status 4 for the supervisor to restart the worker; 0: max(16, concurrency)."""
     otel_spans_file: str = ""
     """With otel, also append every finished span to this file, one JSON object a line (tests,
     debugging); not an option of the commands."""

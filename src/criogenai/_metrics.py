@@ -1,4 +1,5 @@
-"""Prometheus metrics of a worker: calls by tool and status, durations, retries, queue wait.
+"""Prometheus metrics of a worker: calls by tool and status, durations, retries, queue wait,
+abandoned tool threads.
 
 ``criogenai worker --metrics-port N`` (extra ``criogenai[metrics]``) serves them over HTTP. Calls
 run in pool children under prefork, so the metrics use prometheus-client's multiprocess mode:
@@ -25,7 +26,7 @@ from ._errors import ConfigurationError
 from ._keys import PRIORITY_STEPS, TASK_NAME, queue_lists
 from ._message import SENT_AT_HEADER
 from ._wire import ToolResult, ToolTask
-from .runner import CallObserver
+from .runner import CallObserver, abandoned_threads
 from .runner._outcomes import Outcome
 from .store import redis_client
 
@@ -156,6 +157,22 @@ class QueueDepth:
         return [family]
 
 
+class AbandonedThreads:
+    """``criogenai_abandoned_tool_threads``: sync tool threads of this (main) process abandoned past
+    their time limit and still running, read at each scrape. Prefork children run sync tools on
+    their own thread under Celery's limits, so only the threads pool's process has any."""
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        return [GaugeMetricFamily(
+            "criogenai_abandoned_tool_threads",
+            "Sync tool threads abandoned past their time limit whose tool has not returned "
+            "(blocked in C); the worker exits past max_abandoned_threads.",
+            value=abandoned_threads(),
+        )]
+
+
 def serve_metrics(
     app: Celery, port: int, tools: Iterable[str], host: str = "127.0.0.1", broker_url: str | None = None
 ) -> WorkerMetrics:
@@ -178,6 +195,7 @@ def serve_metrics(
         values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(AbandonedThreads())
     if (broker_url or "").startswith(("redis://", "rediss://")):
         registry.register(QueueDepth(app, broker_url or ""))
     metrics = WorkerMetrics(tools)

@@ -7,9 +7,13 @@ fast is measured by ``bench/bench_capacity.py``, beside plain Celery.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import socket
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -20,6 +24,7 @@ from bench.procfs import connections_to
 
 from criogenai import Limits, Settings, ToolCall, ToolResult
 from criogenai.runner._outcomes import GENERIC_FAILURE
+from criogenai.worker import create_app
 from tests import fleet_tools
 from tests.conftest import OwnRedis, fleet_url, key, make_dispatcher, start_worker
 
@@ -193,3 +198,86 @@ def test_claims_sent_together_after_redis_lost_its_scripts_all_succeed(own_redis
     assert [(c.kind, c.attempt) for c in claims] == [("claimed", 1)] * 50
     loads = admin.info("commandstats").get("cmdstat_script|load", {}).get("calls", 0)
     assert loads == 1, f"the claim script was loaded {loads} times"
+
+
+def _threads(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_a_worker_whose_sync_tools_stay_blocked_in_c_past_their_limit_exits_for_a_restart(
+    worker_factory,
+) -> None:
+    # Given a threads worker with 3 slots that may hold 2 abandoned tool threads
+    cap, slots = 2, 3
+    worker = worker_factory(pool="threads", concurrency=slots,
+                            extra_env={"CRIOGENAI_MAX_ABANDONED_THREADS": str(cap)})
+    with make_dispatcher() as d:  # one call first: the threads a worker starts on its first call
+        assert d.run_turn_sync([ToolCall(id="warm", name="echo", arguments={"text": "-"})])[0].status == "ok"
+    idle_threads = _threads(worker.proc.pid)
+    # When a turn sends it more calls of a tool that stays blocked in C past its 1 s limit than
+    # it may abandon, beside a 2 s call, then quick calls behind them
+    k = key()
+    hostile = [ToolCall(id=f"h{i}", name="hang_in_c", arguments={"key": f"{k}:{i}"}) for i in range(5)]
+    calls = [*hostile[:2], ToolCall(id="slow", name="sleep_for", arguments={"seconds": 2.0}), *hostile[2:],
+             *[ToolCall(id=f"e{i}", name="echo", arguments={"text": str(i)}) for i in range(4)]]
+    box: list[list[ToolResult]] = []
+    # no_worker_secs: the calls left on the queue wait for the restarted worker
+    with make_dispatcher(limits=Limits(no_worker_secs=60)) as d:
+        runner = threading.Thread(target=lambda: box.append(d.run_turn_sync(calls)), daemon=True)
+        runner.start()
+        peak_threads, deadline = 0, time.monotonic() + 30
+        while worker.proc.poll() is None and time.monotonic() < deadline:
+            peak_threads = max(peak_threads, _threads(worker.proc.pid))
+            time.sleep(0.02)
+        # Then it stops taking calls once it holds 2, lets those in flight finish, and exits with
+        # its own status and one line saying why, its abandoned threads bounded by the cap and the
+        # calls in flight (they never return here, so the count it leaves with is its peak)
+        assert worker.proc.poll() == 4, "the worker did not exit with status 4 within 30 s"
+        output = worker.output()
+        assert output.count("2 sync tool threads abandoned past their time limit are still running "
+                            "(max_abandoned_threads 2") == 1
+        [left] = re.findall(r"stopped with (\d+) sync tool threads abandoned", output)
+        assert cap <= int(left) <= cap + slots
+        assert peak_threads <= idle_threads + int(left) + slots
+        # And once its supervisor starts it again, every call ends with its own status, each
+        # hostile call run once (timeout: it may not be retried), none lost; the call in flight
+        # when it stopped finished there
+        worker_factory(pool="threads", concurrency=slots)
+        runner.join(90)
+    [results] = box
+    assert [(r.call_id, r.status) for r in results] == [(c.id, "ok" if c.name != "hang_in_c" else "timeout")
+                                                        for c in calls]
+    assert [fleet_tools.runs(f"{k}:{i}") for i in range(5)] == [1] * 5
+    assert json.loads(results[2].content)["pid"] == worker.proc.pid
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_workers_abandoned_tool_threads_show_in_its_health_metrics_and_stats(worker_factory) -> None:
+    # Given a threads worker serving health checks and metrics
+    health, metrics = _free_port(), _free_port()
+    worker = worker_factory(pool="threads", concurrency=2,
+                            extra_args=("--health-port", str(health), "--metrics-port", str(metrics)))
+    # When a sync tool stays blocked in C past its limit
+    with make_dispatcher() as d:
+        [result] = d.run_turn_sync([ToolCall(id="h", name="hang_in_c", arguments={"key": key()})])
+    assert result.status == "timeout"
+    # Then its abandoned thread is counted in /livez, /readyz, the metrics and Celery's stats,
+    # while the worker, under its cap, keeps serving
+    with urllib.request.urlopen(f"http://127.0.0.1:{health}/livez", timeout=5) as reply:
+        assert json.loads(reply.read()) == {"alive": True, "abandoned_threads": 1}
+    with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=5) as reply:
+        assert json.loads(reply.read())["abandoned_threads"] == 1
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+    assert "criogenai_abandoned_tool_threads 1.0" in text.splitlines()
+    stats = create_app(Settings(broker_url=fleet_url())).control.inspect([worker.name], timeout=5).stats()
+    assert stats[worker.name]["pool"]["abandoned-threads"] == 1
+    assert worker.proc.poll() is None

@@ -35,8 +35,9 @@ def test_readyz_follows_redis_and_livez_stays_up(worker_factory, own_redis) -> N
     worker_factory(own_redis.url, pool="threads", concurrency=2, extra_args=("--health-port", str(port)))
     # Then it is alive, and ready once it consumes its queues with Redis answering
     wait_for(lambda: _probe(port, "/readyz")[0] == 200, what="the worker to be ready")
-    assert _probe(port, "/readyz") == (200, {"alive": True, "consuming": True, "redis": True, "ready": True})
-    assert _probe(port, "/livez") == (200, {"alive": True})
+    assert _probe(port, "/readyz") == (200, {"alive": True, "consuming": True, "redis": True, "ready": True,
+                                             "abandoned_threads": 0})
+    assert _probe(port, "/livez") == (200, {"alive": True, "abandoned_threads": 0})
     # When Redis goes away, it is not ready, but still alive (a restart would not help)
     own_redis.stop()
     wait_for(lambda: _probe(port, "/readyz")[0] == 503, what="not ready without Redis")

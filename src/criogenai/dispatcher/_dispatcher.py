@@ -16,6 +16,7 @@ from .._message import hard_limit_secs
 from .._signing import sign
 from .._tracing import note_turn, traced_turn
 from .._wire import OnToolException, ToolCall, ToolResult, ToolTask
+from ..runner import abandoned_threads
 from ..store import Gate, Ledger, make_ledger
 from ..tools import MCPServer, Tool, ToolRegistry
 from ._admission import Send
@@ -197,6 +198,13 @@ class Dispatcher:
         Running the same run id again afterwards ends its unfinished calls ``cancelled`` too.
         """
         self._start().cancel(run_id)
+
+    @property
+    def abandoned_tool_threads(self) -> int:
+        """This process's sync tool threads abandoned past their time limit (or at a cancel) whose
+        tool has not returned yet: the embedded engine's, since a fleet runs tools on workers.
+        Each holds a thread and its memory; the process warns as they pile up, never ends."""
+        return abandoned_threads()
 
     @property
     def approvals(self) -> Approvals:

@@ -4,6 +4,7 @@ results it is filed with (``_outcomes``), the leases of running calls (``_leases
 observers are told (``_observe``). It imports neither side, and no Celery."""
 
 from ._call import Answered, CallRunner, Delivery, NotRun, Refused, RunAgain, Step, StoreAway
+from ._executor import abandoned_threads, on_abandoned
 from ._observe import CallObserver, current_call
 
 __all__ = [
@@ -16,5 +17,7 @@ __all__ = [
     "RunAgain",
     "Step",
     "StoreAway",
+    "abandoned_threads",
     "current_call",
+    "on_abandoned",
 ]

@@ -15,8 +15,15 @@ step           worker (Celery task)                        embedded engine (it i
 ``StoreAway``  claim: requeue the message; filing:         claim: try again soon; filing: answer
                ``Ignore`` (the lease runs out, it is        ``lost``
                sent again)
+abandoned      threads pool: at ``max_abandoned_threads``   the user's process is never ended: a
+               (default max(16, concurrency)) one           WARNING at 16, then at each doubling;
+               CRITICAL line, warm shutdown, exit 4 for     the count in
+               the supervisor to restart it (prefork:       ``Dispatcher.abandoned_tool_threads``
+               none, a child is killed at its hard limit)
 =============  ==========================================  ===========================================
 
+An abandoned thread is a sync tool's, given up on at its time limit or a cancel while it blocks in
+C, where the exception raised into its thread cannot reach it (``_executor.on_abandoned``).
 Besides: a prefork child runs sync tools on its own thread (``inline_sync``) under Celery's
 limits (``interrupts``) and its parent reports a killed child (``process_lost``); a worker pushes
 each result onto its dispatcher's reply list and acknowledges the message in the same step

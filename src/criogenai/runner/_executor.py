@@ -115,15 +115,16 @@ tool's failure, an ``exception`` outcome like any other."""
 
 class _Job:
     """One run of a sync tool, handed to a tool thread. ``done`` is set when the run ends, or
-    early by a stop that wakes its waiter; ``lock`` orders "finished" against "abandoned"."""
+    early by a stop that wakes its waiter; ``lock`` orders "finished" against "abandoned".
+    ``counted``: abandoned while its tool ran, so its thread is counted until the tool returns."""
 
-    __slots__ = ("abandoned", "done", "error", "finished", "fn", "ident", "lock", "value")
+    __slots__ = ("abandoned", "counted", "done", "error", "finished", "fn", "ident", "lock", "value")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
         self.done = _Done()
         self.lock = threading.Lock()
-        self.finished = self.abandoned = False
+        self.finished = self.abandoned = self.counted = False
         self.ident: int | None = None
         self.value: Any = None
         self.error: BaseException | None = None
@@ -160,18 +161,73 @@ class _Done:
             _loop.wait(asyncio.wait([self._future], timeout=timeout))
 
 
+AbandonedPolicy = Callable[[int], None]
+"""Told the count of abandoned tool threads still running each time one more is abandoned."""
+
+WARN_ABANDONED_AT = 16
+"""The default policy (the embedded engine's: it never ends the user's process) warns when this
+many abandoned tool threads are still running, and again each time the count doubles."""
+
+
+class _WarnOnDoubling:
+    """The default policy: a WARNING at ``WARN_ABANDONED_AT`` abandoned threads, then at each
+    doubling (a growing leak stays visible in a few lines, not one per call)."""
+
+    def __init__(self) -> None:
+        self.next_at = WARN_ABANDONED_AT
+
+    def __call__(self, count: int) -> None:
+        if count < self.next_at:
+            return
+        while self.next_at <= count:
+            self.next_at *= 2
+        log.warning(
+            "%d sync tool threads abandoned past their time limit (or cancel) are still running: a "
+            "tool blocks in C (a socket read without a timeout, time.sleep, a lock) and ignores its "
+            "limit; each holds a thread and its memory until it returns", count,
+        )
+
+
+_policy: AbandonedPolicy = _WarnOnDoubling()
+
+
+def on_abandoned(policy: AbandonedPolicy | None) -> None:
+    """Set what this process does as abandoned tool threads pile up (None: the default warning);
+    a worker's pool stops the worker past its cap. Called on the thread that gave up on the tool
+    (a call's greenlet on the event loop): it must be quick."""
+    global _policy
+    _policy = policy if policy is not None else _WarnOnDoubling()
+
+
 class _ToolThreads:
     """Daemon threads that run sync tools, reused while idle.
 
     Not ``concurrent.futures.ThreadPoolExecutor``: Python joins its threads at exit, so a tool
     abandoned past its time limit (or cancelled) would keep the worker from shutting down until
-    the tool returned, if ever.
+    the tool returned, if ever. ``abandoned`` counts the threads whose tool was given up on and
+    has not returned yet (blocked in C, where the exception raised into it cannot reach).
     """
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
+        self.abandoned = 0
+
+    def abandon(self, job: _Job) -> int:
+        """Count ``job``'s thread as abandoned (its lock held, its tool running); the new count."""
+        job.counted = True
+        with self._lock:
+            self.abandoned += 1
+            return self.abandoned
+
+    def _release(self, job: _Job) -> None:
+        """The thread is done with ``job``: it no longer counts as abandoned."""
+        with job.lock:
+            counted, job.counted = job.counted, False
+        if counted:
+            with self._lock:
+                self.abandoned -= 1
 
     def submit(self, job: _Job) -> None:
         with self._lock:
@@ -189,6 +245,9 @@ class _ToolThreads:
                 self._run(job)
             except (_TimedOut, _Cancelled):
                 pass  # a stop aimed at this job that landed after its run, before it was cleared
+            # No stop can be pending now (one per job, sent only while it is unfinished, and it
+            # landed or was cleared): the count is safe from interruption here.
+            self._release(job)
             del job
             with self._lock:
                 self._idle += 1
@@ -223,6 +282,13 @@ def _thread_pool() -> _ToolThreads:
         return _sync_pool
 
 
+def abandoned_threads() -> int:
+    """This process's sync tool threads abandoned past their time limit (or at a cancel) whose
+    tool has not returned yet: each holds a thread and its memory until it does, if ever."""
+    pool = _sync_pool
+    return pool.abandoned if pool is not None else 0
+
+
 def reset_after_fork() -> None:
     """Forget the threads a forked child inherited the memory of, but not the threads."""
     global _sync_pool
@@ -244,7 +310,8 @@ def _clear_raise_in_thread() -> None:
 def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | None = None) -> Any:
     # In the call's context: its log fields and trace span reach the tool's own records and spans.
     job = _Job(functools.partial(contextvars.copy_context().run, fn))
-    _thread_pool().submit(job)
+    pool = _thread_pool()
+    pool.submit(job)
     if stop is not None:
         stop.arm(job.done.set)
     try:
@@ -252,13 +319,22 @@ def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | 
     finally:
         if stop is not None:
             stop.disarm()
+    why: type[BaseException] | None = None
+    count = 0
     with job.lock:
         if not job.finished:
             job.abandoned = True
             why = _Cancelled if stop is not None and stop.requested else _TimedOut
-            if job.ident is not None:
+            if job.ident is not None:  # its tool runs: the thread is left to it, and counted
                 _raise_in_thread(job.ident, why)
-            raise why
+                count = pool.abandon(job)
+    if count:
+        try:
+            _policy(count)
+        except Exception:
+            log.exception("the policy for abandoned tool threads failed")
+    if why is not None:
+        raise why
     if job.error is not None:
         raise job.error
     return job.value

@@ -2,7 +2,9 @@
 
 ``GET /livez``: 200 while the process serves (503 once it is stopping). ``GET /readyz``: 200 when the
 worker consumes its queues and Redis answers a PING (1 s per try, tried twice), else 503; both
-answer a small JSON object saying which check failed. A probe is one HTTP request to a thread of
+answer a small JSON object saying which check failed, and how many sync tool threads abandoned
+past their time limit still run (``abandoned_threads``; past ``max_abandoned_threads`` the worker
+stops, and ``/livez`` says 503). A probe is one HTTP request to a thread of
 the running worker: no Python start, no broker round trip, unlike ``celery inspect ping``.
 """
 
@@ -18,6 +20,7 @@ from celery import bootsteps
 from celery.worker import state
 
 from .._errors import ConfigurationError
+from ..runner import abandoned_threads
 from ..store import redis_client
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,11 @@ class Health:
 
     def alive(self) -> dict[str, Any]:
         return {"alive": not (state.should_stop or state.should_terminate)}
+
+    @staticmethod
+    def abandoned() -> dict[str, Any]:
+        """Sync tool threads abandoned past their time limit and still running (threads pool)."""
+        return {"abandoned_threads": abandoned_threads()}
 
     def consuming(self) -> bool:
         """The consumer has started every step (its task consumer among them) on a live connection."""
@@ -66,14 +74,15 @@ def _handler(health: Health) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/livez":
-                body, ok = health.alive(), health.alive()["alive"]
+                body = health.alive()
+                ok = body["alive"]
             elif self.path == "/readyz":
                 body = health.ready()
                 ok = body["ready"]
             else:
                 self.send_error(404)
                 return
-            data = json.dumps(body).encode()
+            data = json.dumps({**body, **health.abandoned()}).encode()
             self.send_response(200 if ok else 503)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

@@ -68,6 +68,7 @@ def apply(
     checks, traces)."""
     if not options.get("queues"):
         app.amqp.queues.select(default_queues(registry))
+    app.criogenai_max_abandoned_threads = int(options.get("max_abandoned_threads") or 0)  # the pool's
     level = options.get("loglevel") or "INFO"
     level_name = logging.getLevelName(level) if isinstance(level, int) else str(level).upper()
     if options.get("log_format") == "json":

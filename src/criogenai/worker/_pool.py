@@ -18,9 +18,11 @@ import time
 from typing import Any
 
 from celery.concurrency.base import BasePool, apply_target
+from celery.worker import state
 
-from .._config import Settings
+from .._config import Settings, WorkerSettings
 from .._loop import GreenletRunner
+from ..runner import abandoned_threads, on_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class TaskPool(BasePool):  # type: ignore[misc]
         self._watchdog = threading.Thread(target=_watch, args=(self._runner.loop, stall),
                                           name="criogenai-watchdog", daemon=True)
         self._watchdog.start()
+        on_abandoned(StopPastCap(abandoned_cap(self.app, int(self.limit or 1))))
 
     def on_apply(
         self,
@@ -67,6 +70,10 @@ class TaskPool(BasePool):  # type: ignore[misc]
     def on_stop(self) -> None:
         """Warm shutdown: the calls in flight finish (their time limits bound the wait)."""
         self._runner.join()
+        left = abandoned_threads()
+        if left:
+            log.warning("stopped with %d sync tool threads abandoned past their time limit still "
+                        "running: they end with the process", left)
 
     def terminate_job(self, pid: int, signal: int | None = None) -> None:
         """Celery's way to stop running tasks (on a lost broker connection, ``revoke --terminate``):
@@ -79,7 +86,8 @@ class TaskPool(BasePool):  # type: ignore[misc]
 
     def _get_info(self) -> dict[str, Any]:
         info: dict[str, Any] = super()._get_info()
-        info.update({"max-concurrency": self.limit, "running": self._runner.running})
+        info.update({"max-concurrency": self.limit, "running": self._runner.running,
+                     "abandoned-threads": abandoned_threads()})
         return info
 
     @property
@@ -119,3 +127,46 @@ def _watch(loop: asyncio.AbstractEventLoop, stall_secs: float) -> None:
             logging.shutdown()
             os._exit(EXIT_LOOP_BLOCKED)
         time.sleep(min(1.0, stall_secs / 4))
+
+
+EXIT_TOO_MANY_ABANDONED = 4
+"""``criogenai worker``'s status when ``max_abandoned_threads`` sync tools abandoned past their time
+limit were still running (each holds a thread and its memory until it returns, if ever)."""
+
+MIN_ABANDONED_CAP = 16
+
+
+def abandoned_cap(app: Any, concurrency: int) -> int:
+    """The worker's ``max_abandoned_threads`` (the option as Celery built the worker, else its
+    variable); 0 means ``max(16, concurrency)``: room for a whole window of calls abandoned at once."""
+    given = getattr(app, "criogenai_max_abandoned_threads", None)
+    cap = int(given if given is not None else WorkerSettings.from_env().max_abandoned_threads)
+    return cap or max(MIN_ABANDONED_CAP, concurrency)
+
+
+class StopPastCap:
+    """The worker's policy for abandoned tool threads: once ``cap`` are still running, one CRITICAL
+    line, and a warm shutdown with ``EXIT_TOO_MANY_ABANDONED``: no new calls are taken, those in
+    flight finish within their limits, calls not started go back to the queue, and the supervisor
+    starts a fresh process, as Celery's ``max_tasks_per_child`` replaces a leaking child. The
+    calls in flight may abandon one more thread each meanwhile: at most cap + concurrency."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    def __call__(self, count: int) -> None:
+        if count < self.cap:
+            return
+        with self._lock:
+            if self.stopping:
+                return
+            self.stopping = True
+        log.critical(
+            "%d sync tool threads abandoned past their time limit are still running "
+            "(max_abandoned_threads %d; a tool blocks in C and ignores its limit): this worker takes "
+            "no more calls, lets those in flight finish and exits with status %d for its supervisor "
+            "to restart it", count, self.cap, EXIT_TOO_MANY_ABANDONED,
+        )
+        state.should_stop = EXIT_TOO_MANY_ABANDONED

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,8 +48,38 @@ _RedisChannel: Any = kombu_redis.Channel
 _RedisTransport: Any = kombu_redis.Transport
 
 
-_acked_with_result: set[str] = set()
-"""Delivery tags whose unacked entries the ledger's ``finish`` already removed (see there)."""
+ACKED_TAGS_KEPT = 10_000
+"""The most delivery tags remembered as acknowledged with their result: far more than a worker
+has calls finishing at once (each tag goes at its ack, a moment later)."""
+
+
+class _AckedTags:
+    """Delivery tags whose unacked entries the ledger's ``finish`` already removed, until
+    Celery's ack of each. Bounded: an ack that never comes (its connection lost meanwhile) must
+    not keep its tag for the worker's life. The oldest go first; an ack whose tag went takes
+    kombu's own way, removing entries already removed: a round trip, never a wrong answer."""
+
+    def __init__(self, keep: int = ACKED_TAGS_KEPT) -> None:
+        self._keep = keep
+        self._tags: dict[str, None] = {}  # insertion-ordered: the oldest first
+        self._lock = threading.Lock()  # added on the event loop's thread, taken on Celery's
+
+    def add(self, tag: str) -> None:
+        with self._lock:
+            self._tags[tag] = None
+            while len(self._tags) > self._keep:
+                del self._tags[next(iter(self._tags))]
+
+    def take(self, tag: str) -> bool:
+        """Forget ``tag``; say whether it was remembered."""
+        with self._lock:
+            return self._tags.pop(tag, False) is None
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+
+_acked_with_result = _AckedTags()
 
 
 def acked_with_result(delivery_tag: str) -> None:
@@ -129,12 +160,10 @@ class QoS(_RedisQoS):
         _VirtualQoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        if delivery_tag in _acked_with_result:
-            _acked_with_result.discard(delivery_tag)
-            # With a key prefix the ledger removed nothing (it writes kombu's default names).
-            if not getattr(self.channel, "global_keyprefix", ""):
-                _VirtualQoS.ack(self, delivery_tag)  # the in-memory part of kombu's ack, no round trip
-                return
+        # With a key prefix the ledger removed nothing (it writes kombu's default names).
+        if _acked_with_result.take(delivery_tag) and not getattr(self.channel, "global_keyprefix", ""):
+            _VirtualQoS.ack(self, delivery_tag)  # the in-memory part of kombu's ack, no round trip
+            return
         super().ack(delivery_tag)
 
     def restore_unacked(self, client: Any = None) -> Any:
