@@ -18,10 +18,12 @@ def script_sha(script: str) -> bytes:
 
 class ReplyDropper:
     """Listens on a free local port and passes every connection through to the test Redis, except
-    that the first integer reply to a command carrying ``trigger`` is not passed back: both sides
-    of that connection are closed instead. Only that once; ``dropped`` is set when it happened."""
+    that the first reply starting with ``reply`` (an integer, by default) to a command carrying
+    ``trigger`` is not passed back: both sides of that connection are closed instead. Only that
+    once; ``dropped`` is set when it happened."""
 
-    def __init__(self, trigger: bytes) -> None:
+    def __init__(self, trigger: bytes, reply: bytes = b":") -> None:
+        self._reply = reply
         host_port = REDIS_BASE.removeprefix("redis://").split("/")[0]
         host, _, port = host_port.partition(":")
         self._upstream = (host or "127.0.0.1", int(port or 6379))
@@ -62,7 +64,7 @@ class ReplyDropper:
     def _down(self, upstream: socket.socket, client: socket.socket, armed: threading.Event) -> None:
         with contextlib.suppress(OSError):
             while data := upstream.recv(65536):
-                if armed.is_set() and data.startswith(b":"):
+                if armed.is_set() and data.startswith(self._reply):
                     with self._lock:
                         first = not self.dropped.is_set()
                         self.dropped.set()

@@ -130,6 +130,18 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 priority in lists ``<queue>\x06\x16<step>`` beside it; criogenai publishes at priority 0."""
 
 
+POP_BREAKS_TTL_SECS = 86_400
+"""How long a queue's pop-break counter outlives its last break (a dispatcher sees any change)."""
+
+
+def pop_breaks(queue: str) -> str:
+    """Counter a worker raises after its connection broke while it was popping ``queue``: the reply
+    carrying the messages Redis took off the queue may have been lost. Dispatchers watching it send
+    that queue's unstarted calls again. Beside the queue, on the broker, named by the queue alone
+    (the worker's transport knows no key prefix)."""
+    return f"criogenai:pop-breaks:{queue}"
+
+
 def queue_list(queue: str, step: int = 0) -> str:
     """The Redis list of a queue's messages of one priority step (0: the queue's own name)."""
     return queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from criogenai import Limits, Settings, ToolCall, tool
+from criogenai._keys import pop_breaks
 from criogenai._wire import ToolTask
 from criogenai.dispatcher._admission import Send
 from criogenai.dispatcher._inprocess import InProcessEngine
@@ -174,3 +175,27 @@ def test_a_worker_whose_claim_reply_was_lost_runs_the_call_once_without_waiting_
     assert proxy.dropped.is_set()
     assert (result.status, result.attempts, fleet_tools.runs(k)) == ("ok", 1, 1)
     assert took < lease / 2, f"answered after {took:.1f} s"
+
+
+def test_a_call_whose_pop_reply_a_worker_lost_is_sent_again_at_once_not_after_queue_wait(
+    tmp_path: Path,
+) -> None:
+    """Redis took the message off the queue for a worker's pop, and the connection broke before
+    the reply carrying it arrived: no worker holds it, not even as unacknowledged. The worker says
+    so when it reconnects (the queue's pop-breaks counter), and the dispatcher, whose own
+    connection never broke, sends the call again: it runs once, long before its queue wait."""
+    breaks = pop_breaks("criogenai")
+    with ReplyDropper(b"BLMPOP", reply=b"*2") as proxy:
+        w = start_worker(proxy.url(), tmp_path, concurrency=4,
+                         extra_env={"CRIOGENAI_TEST_COUNTER_URL": fleet_url()})
+        before = int(db().get(breaks) or 0)
+        try:
+            with make_dispatcher(limits=Limits(queue_wait_secs=30)) as d:  # type: ignore[attr-defined]
+                k = uuid.uuid4().hex
+                [result] = d.run_turn_sync([ToolCall(id="c", name="count", arguments={"key": k})])
+        finally:
+            w.stop()
+    assert proxy.dropped.is_set()
+    assert (result.status, result.attempts, fleet_tools.runs(k)) == ("ok", 1, 1), result.content
+    assert int(db().get(breaks) or 0) > before
+    assert "the connection broke while popping criogenai" in w.output()  # (without: not_started at 30 s)

@@ -143,6 +143,8 @@ class FleetEngine:
         self._worker_died_at: dict[str, float] = {}
         self._store_broke_at = -1.0
         """When this dispatcher's own connection to Redis last broke (see ``_check_unstarted``)."""
+        self._pop_broke_at: dict[str, float] = {}
+        """When this dispatcher learnt that a worker's pop of a queue broke (``pop_breaks``)."""
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._publisher = concurrent.futures.ThreadPoolExecutor(
@@ -435,6 +437,9 @@ class FleetEngine:
         for (run_id, call_id), p in due:
             by_run[run_id].append((call_id, p))
         live = self._watch_workers({p.send.queue for _, p in due}, now)
+        if self._fast is not None:
+            for queue in self._fast.broken_pops({p.send.queue for _, p in due if not p.started}):
+                self._pop_broke_at[queue] = now
         looks = self.ledger.look({run_id: [cid for cid, _ in items] for run_id, items in by_run.items()})
         filed = [(run_id, cid, r) for run_id in by_run for cid, r in looks[run_id].finished.items()]
         found = {(run_id, cid): r for run_id, cid, r in self._authentic(filed, "filed under their runs")}
@@ -478,11 +483,14 @@ class FleetEngine:
 
     def _check_unstarted(self, run_id: str, p: _Pending, now: float, live: dict[str, bool]) -> None:
         payload, queue = p.send.payload, p.send.queue
-        if max(self._worker_died_at.get(queue, -1.0), self._store_broke_at) > p.published:
+        broke = max(self._worker_died_at.get(queue, -1.0), self._store_broke_at,
+                    self._pop_broke_at.get(queue, -1.0))
+        if broke > p.published:
             # The dead worker may have taken the message before it could start it, and that
             # message is not seen again for a visibility timeout. So may a worker whose pop was
-            # in flight when connections to Redis broke (this dispatcher's broke too): the server
-            # took the messages off the queue, and the reply carrying them was lost. Sending it
+            # in flight when its connection to Redis broke (it says so, or this dispatcher's broke
+            # too): the server took the messages off the queue, and the reply carrying them was
+            # lost. Sending it
             # again is safe for any tool: a call never started cannot start twice (the claim
             # decides).
             self._redrive(run_id, p, now)

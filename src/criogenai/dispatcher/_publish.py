@@ -14,12 +14,13 @@ import itertools
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._keys import TASK_NAME, queue_list, task_id
+from .._keys import TASK_NAME, pop_breaks, queue_list, task_id
 from .._message import task_options
 from .._metrics import stamp_sent_at
 from .._refusals import refusal
@@ -46,6 +47,9 @@ class RedisPublisher:
         # kombu uses a uuid4 per message; any unique string serves, and a counter costs no syscall.
         self._tags = itertools.count()
         self._tag_prefix = uuid.uuid4().hex
+        self._breaks: dict[str, bytes | None] = {}
+        """Each queue's ``pop_breaks`` counter as last read (first with the queue's first publish)."""
+        self._breaks_lock = threading.Lock()
 
     def envelope(self, payload: ToolTask, queue: str) -> str:
         """The JSON text kombu's Redis transport would LPUSH for this call."""
@@ -94,11 +98,30 @@ class RedisPublisher:
         for delay in _RETRY_DELAYS:
             try:
                 pipe = self._client.pipeline(transaction=False)
+                with self._breaks_lock:
+                    unseen = [q for q in by_queue if q not in self._breaks]
+                for queue in unseen:  # the baseline, read before the calls can be popped
+                    pipe.get(pop_breaks(queue))
                 for queue, texts in by_queue.items():
                     pipe.lpush(queue_list(queue), *texts)  # same order as one LPUSH per call
-                pipe.execute()
+                replies = pipe.execute()
+                with self._breaks_lock:
+                    for queue, seen in zip(unseen, replies, strict=False):
+                        self._breaks.setdefault(queue, seen)
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if delay is None or refusal(exc) is not None:  # a refusal does not heal by waiting
                     raise
                 time.sleep(delay)
+
+    def broken_pops(self, queues: set[str]) -> set[str]:
+        """The queues of ``queues`` a worker's pop broke on since last asked (``pop_breaks``): the
+        calls of theirs that have not started may have been taken off the queue and lost."""
+        names = sorted(q for q in queues if q in self._breaks)
+        if not names:
+            return set()
+        now: list[bytes | None] = self._client.mget([pop_breaks(q) for q in names])  # type: ignore[assignment]
+        with self._breaks_lock:
+            broke = {q for q, value in zip(names, now, strict=True) if value != self._breaks[q]}
+            self._breaks.update(zip(names, now, strict=True))
+        return broke

@@ -30,11 +30,14 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.transport.virtual import Empty
 from kombu.utils import encoding as kombu_encoding
 from kombu.utils import json as kombu_json
+
+from .._keys import POP_BREAKS_TTL_SECS, pop_breaks
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,47 @@ def acked_with_result(delivery_tag: str) -> None:
     """The call's result was filed and its message acknowledged in Redis in one step: kombu's
     coming ack only needs its in-memory bookkeeping."""
     _acked_with_result.add(delivery_tag)
+
+
+class _BrokenPops:
+    """Queues whose pop was cut by a broken connection, until their ``pop_breaks`` counters are
+    raised. Redis may have taken messages off the queue for that pop, and the reply carrying them
+    is gone: nobody holds them (not even as unacknowledged), so only their dispatchers, told by
+    the counter, can send those calls again instead of waiting out ``queue_wait_secs``. Kept by
+    the process, not the channel: the consumer makes a new channel when it reconnects."""
+
+    def __init__(self) -> None:
+        self._queues: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return bool(self._queues)
+
+    def add(self, queues: Iterator[str] | list[str]) -> None:
+        with self._lock:
+            self._queues.update(queues)
+
+    def tell(self, pool: Any) -> None:
+        """Raise the counters, on a connection of ``pool`` (no kombu key prefix); kept for the next
+        pop when Redis does not answer yet."""
+        with self._lock:
+            queues = set(self._queues)
+        try:
+            pipe = redis.Redis(connection_pool=pool).pipeline(transaction=False)
+            for queue in sorted(queues):
+                pipe.incr(pop_breaks(queue))
+                pipe.expire(pop_breaks(queue), POP_BREAKS_TTL_SECS)
+            pipe.execute()
+        except Exception as exc:
+            log.debug("could not tell dispatchers of a broken pop yet: %s", exc)
+            return
+        log.warning("the connection broke while popping %s: their dispatchers send the calls that "
+                    "pop may have taken again", ", ".join(sorted(queues)))
+        with self._lock:
+            self._queues -= queues
+
+
+_broken_pops = _BrokenPops()
 
 
 class QoS(_RedisQoS):
@@ -225,6 +269,8 @@ class Channel(_RedisChannel):
         kombu sends a BRPOP per message; the same keys, priority order, end of the list and
         server-side timeout."""
         self._crg_batch = False
+        if _broken_pops:
+            _broken_pops.tell(self.client.connection_pool)
         room = self.qos.can_consume_max_estimate()
         if self.global_keyprefix or room is None or room < 2:
             return super()._brpop_start(timeout)  # type: ignore[no-any-return]
@@ -252,6 +298,7 @@ class Channel(_RedisChannel):
                 else:  # kombu's parser: it strips a global_keyprefix from the key
                     popped = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:
+                _broken_pops.add(list(self.active_queues))  # what Redis popped for it may be gone
                 self.client.connection.disconnect()  # the next poll reconnects
                 raise
             if not popped:
