@@ -332,6 +332,7 @@ class CallRunner:
         call ran: better its result late than the call run again elsewhere)."""
         run_id, call_id = payload.run_id, payload.call.id
         result, done = filed_result(payload, outcome, attempts)
+        self.leases.filing(run_id, call_id)
         for delay in FILE_RETRY_DELAYS:
             try:
                 filed = self._file(result, payload, self.token, done=done, delivery_tag=d.delivery_tag)

@@ -45,6 +45,14 @@ class LeaseKeeper:
                 self._thread = threading.Thread(target=self._loop, name="criogenai-leases", daemon=True)
                 self._thread.start()
 
+    def filing(self, run_id: str, call_id: str) -> None:
+        """The call ended and its result is being filed, which deletes its claim: a claim found
+        gone from now on is the filing's doing, not a lost lease, and is not reported as lost.
+        (Renewal goes on until ``drop``: a filing retried while Redis is away still holds it.)"""
+        with self._lock:
+            if (run_id, call_id) in self._held:
+                self._warned.add((run_id, call_id))
+
     def drop(self, run_id: str, call_id: str) -> None:
         with self._lock:
             self._held.pop((run_id, call_id), None)
