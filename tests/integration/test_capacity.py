@@ -8,6 +8,8 @@ fast is measured by ``bench/bench_capacity.py``, beside plain Celery.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -241,3 +243,23 @@ def test_a_busy_worker_reports_no_lease_lost_for_calls_that_finished(worker_fact
     # thousands of WARNING lines saying calls "may be run again elsewhere"
     lost = [line for line in worker.output().splitlines() if "lost its claim" in line]
     assert lost == [], lost[:3]
+
+
+def test_a_soft_limit_arriving_after_its_call_ended_does_not_kill_the_prefork_child(worker_factory) -> None:
+    # Given a prefork child that has run a call and waits for the next one
+    worker = worker_factory(pool="prefork", concurrency=1)
+    k = key()
+    with make_dispatcher() as d:
+        [first] = d.run_turn_sync([ToolCall(id="a", name="count", arguments={"key": k})])
+        child = json.loads(first.content)["pid"]
+        # When Celery's soft limit reaches it late, as billiard's timer sends it when the call
+        # ended at its own time limit at the same moment (an async tool's): SIGUSR1, between calls
+        # (ten times, so that one lands in its wait for the next job and one in sending a result)
+        for _ in range(10):
+            os.kill(child, signal.SIGUSR1)
+            time.sleep(0.1)
+        [second] = d.run_turn_sync([ToolCall(id="b", name="count", arguments={"key": k})])
+    # Then the child lives on and runs the next call; nothing in the log says it died
+    assert (first.status, second.status) == ("ok", "ok")
+    assert json.loads(second.content)["pid"] == child
+    assert "exited with" not in worker.output() and "SoftTimeLimitExceeded" not in worker.output()
