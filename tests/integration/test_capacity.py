@@ -263,3 +263,20 @@ def test_a_soft_limit_arriving_after_its_call_ended_does_not_kill_the_prefork_ch
     assert (first.status, second.status) == ("ok", "ok")
     assert json.loads(second.content)["pid"] == child
     assert "exited with" not in worker.output() and "SoftTimeLimitExceeded" not in worker.output()
+
+
+def test_calls_claimed_while_the_loop_is_held_up_keep_their_claims_and_run_once(worker_factory) -> None:
+    # Given a worker whose event loop is held up for longer than a lease right after a batch of
+    # claims (a loaded worker: thousands of calls on two cores), leases of one second
+    worker = worker_factory(pool="threads", concurrency=30, lease_secs=1.0)
+    k = key()
+    calls = [ToolCall(id="block", name="block_loop", arguments={"seconds": 2.5})]
+    calls += [ToolCall(id=f"c{i}", name="sleep_for", arguments={"seconds": 0.1, "key": f"{k}:{i}"})
+              for i in range(20)]
+    with make_dispatcher(settings=Settings(broker_url=fleet_url(), lease_secs=1.0)) as d:
+        results = d.run_turn_sync(calls)
+    # Then each claim is renewed from the moment it is made, not from when its call resumes: no
+    # lease runs out under a live worker, and no call that must run once runs twice
+    assert [r.status for r in results] == ["ok"] * 21
+    assert [fleet_tools.runs(f"{k}:{i}") for i in range(20)] == [1] * 20
+    assert "lost its claim" not in worker.output()

@@ -316,14 +316,23 @@ class CallRunner:
         When Redis does not answer, nothing ran and nothing is held: ``StoreAway("claim")``
         (the ledger's own retries waited a few seconds)."""
         run_id, call_id = payload.run_id, payload.call.id
+        renewing = self.leases.claiming(run_id, call_id, self.token)
         try:
             claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
             if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
                 claim = self.ledger.claim(run_id, call_id, self.token, payload.deadline)
         except StoreUnavailable as exc:
+            if renewing:
+                self.leases.drop(run_id, call_id)
             if not self._refused(exc):
                 self._store_errors.failed(exc)
             raise StoreAway("claim") from None
+        except BaseException:
+            if renewing:
+                self.leases.drop(run_id, call_id)
+            raise
+        if renewing and claim.kind != "claimed":
+            self.leases.drop(run_id, call_id)
         self._store_errors.ok()
         return claim
 
