@@ -280,3 +280,16 @@ def test_calls_claimed_while_the_loop_is_held_up_keep_their_claims_and_run_once(
     assert [r.status for r in results] == ["ok"] * 21
     assert [fleet_tools.runs(f"{k}:{i}") for i in range(20)] == [1] * 20
     assert "lost its claim" not in worker.output()
+
+
+def test_a_sync_tool_past_its_limit_is_a_timeout_even_when_the_loop_notices_late(worker_factory) -> None:
+    # Given a sync tool that runs 1.5 s under a 1 s limit, and an event loop held up for 2.5 s
+    # meanwhile (a loaded worker), so that the call's waiter wakes after the tool has returned
+    worker = worker_factory(pool="threads", concurrency=4)
+    calls = [ToolCall(id="slow", name="sleep_for", arguments={"seconds": 1.5}),
+             ToolCall(id="block", name="block_loop", arguments={"seconds": 2.5})]
+    with make_dispatcher(limits={"tool_timeout_secs": 1}) as d:
+        slow, _ = d.run_turn_sync(calls)
+    # Then the call is a timeout, as any tool that runs past its limit (the Tools page), not "ok"
+    assert slow.status == "timeout", (slow.status, slow.content)
+    assert worker.proc.poll() is None
