@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -280,4 +282,99 @@ def test_a_workers_abandoned_tool_threads_show_in_its_health_metrics_and_stats(w
     assert "criogenai_abandoned_tool_threads 1.0" in text.splitlines()
     stats = create_app(Settings(broker_url=fleet_url())).control.inspect([worker.name], timeout=5).stats()
     assert stats[worker.name]["pool"]["abandoned-threads"] == 1
+def test_calls_waiting_behind_a_busy_fleet_outlive_repeated_connection_kills(
+    own_redis: OwnRedis, tmp_path: Path
+) -> None:
+    # Given a busy fleet: 64 calls of half a second on a worker with 4 slots, most of them queued
+    worker = start_worker(own_redis.url, tmp_path, pool="threads", concurrency=4)
+    limits = Limits(max_calls_per_turn=64, max_calls_in_flight_per_turn=64, queue_wait_secs=120)
+    calls = [ToolCall(id=f"c{i}", name="async_sleep", arguments={"seconds": 0.5}) for i in range(64)]
+    admin = redis.Redis.from_url(own_redis.url)
+    try:
+        with make_dispatcher(limits=limits, settings=Settings(broker_url=own_redis.url, lease_secs=2.0)) as d:
+            results_box: list[list[ToolResult]] = []
+            runner = threading.Thread(target=lambda: results_box.append(d.run_turn_sync(calls)))
+            runner.start()
+            # When every client connection is killed again and again while they wait, each kill
+            # seen by the dispatcher's monitor (it looks every half second)
+            kills = 0
+            for _ in range(14):
+                if not runner.is_alive():
+                    break
+                kills += admin.client_kill_filter(_type="normal", skipme=True)
+                runner.join(0.5)
+            runner.join(60)
+    finally:
+        worker.stop()
+    assert results_box, "the turn did not end"
+    [results] = results_box
+    # Then none is reported lost ("the workers running it kept dying"): no worker died, and a
+    # call that never started is not a run that died; each waits its turn and runs
+    assert kills > 0
+    assert [r.status for r in results] == ["ok"] * 64, [(r.call_id, r.status, r.content) for r in results
+                                                         if r.status != "ok"][:3]
+
+
+def test_a_busy_worker_reports_no_lease_lost_for_calls_that_finished(worker_factory) -> None:
+    # Given a worker renewing leases every 0.7 s while 400 short calls finish around it
+    worker = worker_factory(pool="threads", concurrency=200, lease_secs=2.0)
+    limits = Limits(max_calls_per_turn=400, max_calls_in_flight_per_turn=400, queue_wait_secs=60)
+    calls = [ToolCall(id=f"c{i}", name="async_sleep", arguments={"seconds": 0.3}) for i in range(400)]
+    with make_dispatcher(limits=limits, settings=Settings(broker_url=fleet_url(), lease_secs=2.0)) as d:
+        results = d.run_turn_sync(calls)
+    assert [r.status for r in results] == ["ok"] * 400
+    # Then no finished call is reported as having lost its claim (a filing deletes the claim; a
+    # renewal that finds it gone is not a lease that ran out): at scale such false alarms were
+    # thousands of WARNING lines saying calls "may be run again elsewhere"
+    lost = [line for line in worker.output().splitlines() if "lost its claim" in line]
+    assert lost == [], lost[:3]
+
+
+def test_a_soft_limit_arriving_after_its_call_ended_does_not_kill_the_prefork_child(worker_factory) -> None:
+    # Given a prefork child that has run a call and waits for the next one
+    worker = worker_factory(pool="prefork", concurrency=1)
+    k = key()
+    with make_dispatcher() as d:
+        [first] = d.run_turn_sync([ToolCall(id="a", name="count", arguments={"key": k})])
+        child = json.loads(first.content)["pid"]
+        # When Celery's soft limit reaches it late, as billiard's timer sends it when the call
+        # ended at its own time limit at the same moment (an async tool's): SIGUSR1, between calls
+        # (ten times, so that one lands in its wait for the next job and one in sending a result)
+        for _ in range(10):
+            os.kill(child, signal.SIGUSR1)
+            time.sleep(0.1)
+        [second] = d.run_turn_sync([ToolCall(id="b", name="count", arguments={"key": k})])
+    # Then the child lives on and runs the next call; nothing in the log says it died
+    assert (first.status, second.status) == ("ok", "ok")
+    assert json.loads(second.content)["pid"] == child
+    assert "exited with" not in worker.output() and "SoftTimeLimitExceeded" not in worker.output()
+
+
+def test_calls_claimed_while_the_loop_is_held_up_keep_their_claims_and_run_once(worker_factory) -> None:
+    # Given a worker whose event loop is held up for longer than a lease right after a batch of
+    # claims (a loaded worker: thousands of calls on two cores), leases of one second
+    worker = worker_factory(pool="threads", concurrency=30, lease_secs=1.0)
+    k = key()
+    calls = [ToolCall(id="block", name="block_loop", arguments={"seconds": 2.5})]
+    calls += [ToolCall(id=f"c{i}", name="sleep_for", arguments={"seconds": 0.1, "key": f"{k}:{i}"})
+              for i in range(20)]
+    with make_dispatcher(settings=Settings(broker_url=fleet_url(), lease_secs=1.0)) as d:
+        results = d.run_turn_sync(calls)
+    # Then each claim is renewed from the moment it is made, not from when its call resumes: no
+    # lease runs out under a live worker, and no call that must run once runs twice
+    assert [r.status for r in results] == ["ok"] * 21
+    assert [fleet_tools.runs(f"{k}:{i}") for i in range(20)] == [1] * 20
+    assert "lost its claim" not in worker.output()
+
+
+def test_a_sync_tool_past_its_limit_is_a_timeout_even_when_the_loop_notices_late(worker_factory) -> None:
+    # Given a sync tool that runs 1.5 s under a 1 s limit, and an event loop held up for 2.5 s
+    # meanwhile (a loaded worker), so that the call's waiter wakes after the tool has returned
+    worker = worker_factory(pool="threads", concurrency=4)
+    calls = [ToolCall(id="slow", name="sleep_for", arguments={"seconds": 1.5}),
+             ToolCall(id="block", name="block_loop", arguments={"seconds": 2.5})]
+    with make_dispatcher(limits={"tool_timeout_secs": 1}) as d:
+        slow, _ = d.run_turn_sync(calls)
+    # Then the call is a timeout, as any tool that runs past its limit (the Tools page), not "ok"
+    assert slow.status == "timeout", (slow.status, slow.content)
     assert worker.proc.poll() is None

@@ -490,10 +490,13 @@ class FleetEngine:
             # message is not seen again for a visibility timeout. So may a worker whose pop was
             # in flight when its connection to Redis broke (it says so, or this dispatcher's broke
             # too): the server took the messages off the queue, and the reply carrying them was
-            # lost. Sending it
-            # again is safe for any tool: a call never started cannot start twice (the claim
-            # decides).
-            self._redrive(run_id, p, now)
+            # lost. Sending it again is safe for any tool: a call never started cannot start
+            # twice (the claim decides). Nothing ran, so it does not count as a run that died, and its wait for a
+            # worker still counts from its first publish (a busy fleet under repeated breaks
+            # would otherwise see its queued calls end "lost", or wait for ever).
+            log.info("call %s/%s may have been taken off the queue unstarted; sending it again",
+                     run_id, payload.call.id)
+            self._resend(p, now)
             return
         no_worker = not live[queue] and now - p.published >= self.limits.no_worker_secs
         if (now > p.queue_deadline or no_worker) and self.ledger.abandon(run_id, payload.call.id):
@@ -546,8 +549,12 @@ class FleetEngine:
             ))
             return
         log.warning("call %s/%s lost its worker; sending it again", run_id, payload.call.id)
-        p.published, p.queue_deadline = now, now + self.limits.queue_wait_secs
-        p.interval = CHECK_AFTER_SECS
+        p.queue_deadline = now + self.limits.queue_wait_secs
+        self._resend(p, now)
+
+    def _resend(self, p: _Pending, now: float) -> None:
+        """Publish the call once more and look at it again soon."""
+        p.published, p.interval = now, CHECK_AFTER_SECS
         self._publisher.submit(self._send, [p.send])
 
     def close(self) -> None:

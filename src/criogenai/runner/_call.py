@@ -335,14 +335,23 @@ class CallRunner:
         When Redis does not answer, nothing ran: ``StoreAway("claim")`` (the ledger's own retries
         waited a few seconds; a claim Redis took before the break is held until its lease runs out)."""
         run_id, call_id = payload.run_id, payload.call.id
+        renewing = self.leases.claiming(run_id, call_id, self.token)
         try:
             claim = self.ledger.claim(run_id, call_id, token, payload.deadline)
             if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
                 claim = self.ledger.claim(run_id, call_id, token, payload.deadline)
         except StoreUnavailable as exc:
+            if renewing:
+                self.leases.drop(run_id, call_id)
             if not self._refused(exc):
                 self._store_errors.failed(exc)
             raise StoreAway("claim") from None
+        except BaseException:
+            if renewing:
+                self.leases.drop(run_id, call_id)
+            raise
+        if renewing and claim.kind != "claimed":
+            self.leases.drop(run_id, call_id)
         self._store_errors.ok()
         return claim
 
@@ -353,6 +362,7 @@ class CallRunner:
         call ran: better its result late than the call run again elsewhere)."""
         run_id, call_id = payload.run_id, payload.call.id
         result, done = filed_result(payload, outcome, attempts)
+        self.leases.filing(run_id, call_id)
         for delay in FILE_RETRY_DELAYS:
             try:
                 filed = self._file(result, payload, token, done=done, delivery_tag=d.delivery_tag)

@@ -118,7 +118,8 @@ class _Job:
     early by a stop that wakes its waiter; ``lock`` orders "finished" against "abandoned".
     ``counted``: abandoned while its tool ran, so its thread is counted until the tool returns."""
 
-    __slots__ = ("abandoned", "counted", "done", "error", "finished", "fn", "ident", "lock", "value")
+    __slots__ = ("abandoned", "counted", "done", "error", "finished", "fn", "ident", "lock", "ran_secs",
+                 "value")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
@@ -128,6 +129,8 @@ class _Job:
         self.ident: int | None = None
         self.value: Any = None
         self.error: BaseException | None = None
+        self.ran_secs = 0.0
+        """How long the tool itself ran, timed on its thread (its waiter may wake late)."""
 
 
 class _Done:
@@ -258,11 +261,13 @@ class _ToolThreads:
             job.ident = threading.get_ident()
             if job.abandoned:  # its waiter gave up before a thread was free
                 return
+        began = time.monotonic()
         try:
             job.value = job.fn()
         except BaseException as exc:  # the caller's to judge, _TimedOut included
             job.error = exc
         with job.lock:
+            job.ran_secs = time.monotonic() - began
             job.finished = True
         # A stop is only sent while the job is unfinished, so after this none can be pending:
         # none can hit this thread's next job.
@@ -335,6 +340,10 @@ def _run_sync_on_thread(fn: Callable[[], Any], timeout: float, stop: CallStop | 
             log.exception("the policy for abandoned tool threads failed")
     if why is not None:
         raise why
+    if job.ran_secs > timeout:
+        # It returned past its limit, and its waiter (a greenlet on a loaded loop) woke only
+        # after that: a tool that runs past its limit is a timeout, however late that is seen.
+        raise _TimedOut
     if job.error is not None:
         raise job.error
     return job.value

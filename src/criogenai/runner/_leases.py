@@ -32,6 +32,19 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._errors = ErrorBurst(log, "could not renew the leases of running calls")
 
+    def claiming(self, run_id: str, call_id: str, token: str) -> bool:
+        """Renew the call's claim from the moment the claim is made, before its caller resumes
+        (on a loaded event loop that may take longer than a lease), until ``hold`` or ``drop``.
+        Until ``hold`` a claim found not held is no loss: it may not be made yet, or be another's.
+        False, doing nothing, when this process holds the call already (a second delivery)."""
+        with self._lock:
+            if (run_id, call_id) in self._held:
+                return False
+            self._held[(run_id, call_id)] = token
+            self._warned.add((run_id, call_id))
+            self._start()
+        return True
+
     def hold(
         self, run_id: str, call_id: str, token: str, on_cancel: Callable[[], None] | None = None
     ) -> None:
@@ -41,9 +54,21 @@ class LeaseKeeper:
             self._warned.discard((run_id, call_id))
             if on_cancel is not None:
                 self._on_cancel[(run_id, call_id)] = on_cancel
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="criogenai-leases", daemon=True)
-                self._thread.start()
+            self._start()
+
+    def _start(self) -> None:
+        """Start the renewing thread if it is not running (under the lock)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="criogenai-leases", daemon=True)
+            self._thread.start()
+
+    def filing(self, run_id: str, call_id: str) -> None:
+        """The call ended and its result is being filed, which deletes its claim: a claim found
+        gone from now on is the filing's doing, not a lost lease, and is not reported as lost.
+        (Renewal goes on until ``drop``: a filing retried while Redis is away still holds it.)"""
+        with self._lock:
+            if (run_id, call_id) in self._held:
+                self._warned.add((run_id, call_id))
 
     def drop(self, run_id: str, call_id: str) -> None:
         with self._lock:

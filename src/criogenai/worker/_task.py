@@ -7,6 +7,7 @@ reports of a child that died or was killed at its hard limit reach the runner.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import socket
@@ -31,6 +32,7 @@ from ..store import Ledger
 from ..tools import ToolRegistry
 from ._credentials import stop_if_refused
 from ._heartbeat import BeatHook, Heartbeat
+from ._soft_limit import soft_limit_only_in_call
 from ._transport import acked_with_result
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,8 @@ class WorkerRuntime:
             sent_at=sent_at if isinstance(sent_at, int | float) else None,
         )
         try:
-            step = self.runner.run(delivery)
+            with soft_limit_only_in_call() if self.runner.inline_sync else contextlib.nullcontext():
+                step = self.runner.run(delivery)
         except StoreAway as away:
             # The claim: the message goes back on the queue (nothing ran, nothing is held) and is
             # taken again in a moment. The filing: given up; the lease runs out and the
