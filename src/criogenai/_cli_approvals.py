@@ -23,6 +23,12 @@ def _approvals() -> Any:
     return Approvals(settings)
 
 
+def shown(text: str) -> str:
+    """``text`` for a terminal: every non-printable character as its escape (``\\x1b``, ``\\n``), so
+    an id, a tool name or a name from the store cannot forge a line or send escape sequences."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def _list(args: argparse.Namespace) -> int:
     records = _approvals().records(args.run, decided=args.all)
     if args.json:
@@ -33,8 +39,9 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     for r in records:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.requested_at))
-        state = "" if r.decision == "pending" else f"  [{r.decision}{' by ' + r.by if r.by else ''}]"
-        print(f"{r.run_id}  {r.call_id}  {r.tool_name}  {when}  {json.dumps(r.call.arguments)}{state}")
+        state = "" if r.decision == "pending" else f"  [{r.decision}{' by ' + shown(r.by) if r.by else ''}]"
+        row = (shown(r.run_id), shown(r.call_id), shown(r.tool_name), when, json.dumps(r.call.arguments))
+        print("  ".join(row) + state)  # json.dumps escapes the arguments' own control characters
     return 0
 
 

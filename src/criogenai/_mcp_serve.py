@@ -183,7 +183,8 @@ class FleetServer:
         run_id = resume or uuid.uuid4().hex
         call = ToolCall(id=CALL_ID, name=params.name, arguments=params.arguments or {})
         (result,) = await self.dispatcher.run_turn([call], run_id=run_id)
-        log.info("mcp serve: %s run=%s -> %s", params.name, run_id, result.status)
+        # The name is the client's (any length, any character): quoted and cut, one line whatever it holds.
+        log.info("mcp serve: %r run=%s -> %s", params.name[:64], run_id, result.status)
         if result.status == "unknown_tool":
             raise MCPError(INVALID_PARAMS, result.content)
         return as_mcp_result(result)

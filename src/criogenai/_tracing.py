@@ -19,7 +19,7 @@ import importlib
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from importlib.metadata import entry_points
@@ -115,8 +115,11 @@ def traced_turn(method: F) -> F:
     return cast(F, traced)
 
 
-def note_turn(run_id: str, calls: Sequence[ToolCall]) -> None:
-    """Describe the open turn span; from now on the run's messages carry its trace context."""
+def note_turn(run_id: str, calls: Sequence[ToolCall], known: Container[str]) -> None:
+    """Describe the open turn span; from now on the run's messages carry its trace context.
+
+    ``criogenai.tools`` lists only ``known`` names (the registry's): a name the model made up may be
+    any size, and a span carrying megabytes of it would be refused by its exporter."""
     holder = _turn.get()
     if holder is None or len(holder) > 1:
         return
@@ -125,7 +128,7 @@ def note_turn(run_id: str, calls: Sequence[ToolCall]) -> None:
         {
             "criogenai.run_id": run_id,
             "criogenai.call_count": len(calls),
-            "criogenai.tools": sorted({c.name for c in calls}),
+            "criogenai.tools": sorted({c.name for c in calls if c.name in known}),
         }
     )
     if span.get_span_context().is_valid:  # with no tracer provider there is nothing to carry

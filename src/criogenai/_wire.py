@@ -13,11 +13,13 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from ._keys import DEFAULT_QUEUE
 
 WIRE_VERSION: Literal[1] = 1
+MAX_CALL_ID_CHARS = 256
+"""The longest call id a model may send (``ToolCall.id``)."""
 DEFAULT_MAX_STORED_CHARS = 1_000_000
 DEFAULT_MAX_RESULT_CHARS = 100_000
 """What the model is shown of a result at most, by default (``Limits.max_result_chars``)."""
@@ -129,10 +131,21 @@ class ToolDefinition(Versioned):
 class ToolCall(Versioned):
     """One call the model asked for: its id, the tool's name and the arguments as the model sent them."""
 
-    id: str = Field(min_length=1, max_length=256)
+    id: str = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
+    """Printable text: it goes into log lines and what an operator's terminal shows, where a newline
+    or an escape sequence chosen by the model would forge lines or rewrite the screen."""
     name: str
     arguments: Any = Field(default_factory=dict)
     """Usually a dict; anything else is reported as ``invalid_arguments``, never raised."""
+
+    @field_validator("id")
+    @classmethod
+    def _printable_id(cls, value: str) -> str:
+        if not value.isprintable():
+            bad = next(ch for ch in value if not ch.isprintable())
+            raise ValueError(f"a call id must be printable text; this one holds U+{ord(bad):04X} "
+                             "(a control, format or line-separator character)")
+        return value
 
 
 class ToolResult(Versioned):

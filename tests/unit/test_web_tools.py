@@ -52,6 +52,7 @@ STUB = {
     "mapped.test": "::ffff:127.0.0.1",
     "loopback.test": "127.0.0.1",
     "multicast.test": "224.0.0.251",
+    "sitelocal.test": "fec0::1",
 }
 
 
@@ -265,7 +266,8 @@ def test_a_redirect_to_loopback_is_refused_when_loopback_is_not_allowed() -> Non
     ("host", "kind"),
     [("intranet.test", "private"), ("corp.test", "private"), ("linklocal.test", "link-local"),
      ("metadata.test", "cloud metadata"), ("metadata6.test", "cloud metadata"),
-     ("mapped.test", "loopback"), ("loopback.test", "loopback"), ("multicast.test", "multicast")],
+     ("mapped.test", "loopback"), ("loopback.test", "loopback"), ("multicast.test", "multicast"),
+     ("sitelocal.test", "site-local")],
 )
 def test_hostnames_resolving_to_internal_addresses_are_refused(resolver: Any, host: str, kind: str) -> None:
     message = refused(WebPolicy(robots_txt=False), f"http://{host}/latest/meta-data/")
@@ -273,7 +275,8 @@ def test_hostnames_resolving_to_internal_addresses_are_refused(resolver: Any, ho
 
 
 @pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data/", "http://[fd00:ec2::254]/",
-                                 "http://[::ffff:169.254.169.254]/", "http://0.0.0.0:8080/"])
+                                 "http://[::ffff:169.254.169.254]/", "http://0.0.0.0:8080/", "http://[fec0::1]/",
+                                 "http://2130706433/", "http://0x7f000001/", "http://127.1/"])
 def test_address_literals_are_refused_like_names(url: str) -> None:
     assert "resolves to a" in refused(WebPolicy(robots_txt=False), url)
 

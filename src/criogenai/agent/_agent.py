@@ -21,7 +21,7 @@ from .._config import Limits, Retry, Settings
 from .._errors import ConfigurationError, ToolError, ToolFailed
 from .._loop import run_sync
 from .._tracing import genai_span
-from .._wire import OnToolException, ToolCall, ToolResult
+from .._wire import MAX_CALL_ID_CHARS, OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
 from ..dispatcher._dispatcher import check_scope
 from ..memory import Memory
@@ -110,9 +110,10 @@ def _dispatch_ids(history: Sequence[RunEntry], index: int) -> list[str]:
         ids = []
         for c in entry.message.tool_calls:
             d, n = c.id, 1
-            while d in used:
+            while d in used:  # within the id's 256 characters: a longest id used twice still runs
                 n += 1
-                d = f"{c.id}#{n}"
+                suffix = f"#{n}"
+                d = c.id[: MAX_CALL_ID_CHARS - len(suffix)] + suffix
             used.add(d)
             ids.append(d)
     return ids

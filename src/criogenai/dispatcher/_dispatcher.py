@@ -226,7 +226,7 @@ class Dispatcher:
     ) -> tuple[list[ToolCall], str, list[ValidCall], dict[str, ToolResult]]:
         ordered = coerce_calls(calls)
         rid = run_id or uuid.uuid4().hex
-        note_turn(rid, ordered)
+        note_turn(rid, ordered, self.registry)
         valid, done = check_turn(ordered, self.registry, self.limits, rid)
         return ordered, rid, valid, done
 

@@ -30,7 +30,7 @@ from .._errors import ToolError
 from .._message import hard_limit_secs
 from .._wire import DEFAULT_MAX_STORED_CHARS, OnToolException
 from ..tools import InvalidArguments, Tool, ToolContext, cut, to_json_text
-from ..tools._content import ToolOutput
+from ..tools._content import ToolOutput, plain
 from ._outcomes import Outcome, invalid_arguments, stopped_by_cancel, timed_out, unexpected
 
 log = logging.getLogger(__name__)
@@ -532,7 +532,7 @@ def execute(
                 kept = json.loads(to_json_text(kept))
         text = to_json_text(value)
     except ToolError as exc:
-        message = cut(str(exc.message), max_result_chars)
+        message = cut(plain(str(exc.message)), max_result_chars)
         return Outcome(
             "tool_error",
             message.text,

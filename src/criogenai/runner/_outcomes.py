@@ -16,6 +16,7 @@ from .._keys import MAX_LOST_RUNS
 from .._message import hard_limit_secs
 from .._wire import OnToolException, ToolResult, ToolStatus, ToolTask
 from ..tools import ToolRegistry, cut
+from ..tools._content import plain
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,10 @@ def not_admitted(name: str, why: str, waited_secs: float) -> Outcome:
 
 def unexpected(name: str, exc: BaseException, policy: OnToolException, duration: float) -> Outcome:
     """An exception the tool did not mean for the model: shown or hidden as the policy says."""
-    details = {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
+    details = {  # plain: an exception's text may hold a lone surrogate, which could not be filed
+        "type": plain(type(exc).__name__),
+        "message": plain(str(exc)),
+        "traceback": plain("".join(traceback.format_exception(exc))),
     }
     shown = f"{details['type']}: {details['message']}"
     content = shown if policy == "return_to_model" else GENERIC_FAILURE

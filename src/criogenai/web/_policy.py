@@ -128,6 +128,8 @@ def _non_public_kind(addr: IPAddress) -> str | None:
         return "multicast"
     if addr.is_private:
         return "private"
+    if isinstance(addr, ipaddress.IPv6Address) and addr.is_site_local:  # fec0::/10: deprecated, not global
+        return "site-local"
     if addr.is_unspecified or addr.is_reserved or not addr.is_global:
         return "reserved"
     return None
