@@ -232,3 +232,52 @@ def test_a_turn_span_names_only_the_registrys_tools() -> None:
         _tracing._turn.reset(token)
     assert span.attributes["criogenai.tools"] == ["echo"]
     assert span.attributes["criogenai.call_count"] == 2
+
+
+# -- what a model's reply may hold ----------------------------------------------------------------
+
+
+def test_a_model_writing_a_lone_surrogate_gets_its_call_run_with_the_replacement_character() -> None:
+    from tests.chat_server import chat_server, completion, function_call
+
+    with chat_server([
+        (200, completion("note \udc80", tool_calls=[function_call("c1", "echo", '{"text": "a\\ud800"}')])),
+        (200, completion("done")),
+    ]) as server:
+        from criogenai import OpenAIModel
+
+        with Agent(OpenAIModel("m", base_url=server.base_url, api_key="sk-test"), tools=[echo]) as agent:
+            run = agent.run_sync("go")  # the next request could not be encoded before
+
+    assert run.output == "done"
+    second = server.requests[1]["messages"]
+    assert second[-2]["content"] == "note \ufffd" and second[-1]["content"] == "a\ufffd"
+
+
+def test_arguments_nested_past_what_python_parses_are_kept_as_text_not_a_crash() -> None:
+    import httpx
+
+    from criogenai.agent import _openai
+
+    deep = "[" * 100_000 + "]" * 100_000
+    body = {"choices": [{"message": {"content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": deep}}]}}]}
+    reply = _openai.parse_reply(httpx.Response(200, json=body))
+
+    assert reply.tool_calls[0].arguments == deep  # kept as text: the model is told it is not an object
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_reply_nested_past_what_python_parses_is_a_model_error(api: str) -> None:
+    import httpx
+
+    from criogenai import ModelError
+    from criogenai.agent import _anthropic, _openai
+
+    deep = "[" * 100_000 + "]" * 100_000
+    raw = (f'{{"type":"message","content":[{{"type":"tool_use","id":"c1","name":"echo","input":{deep}}}]}}'
+           if api == "anthropic" else
+           f'{{"choices":[{{"message":{{"tool_calls":[{{"id":"c1","function":{{"arguments":{deep}}}}}]}}}}]}}')
+    parse = _anthropic.parse_reply if api == "anthropic" else _openai.parse_reply
+    with pytest.raises(ModelError, match="not a"):
+        parse(httpx.Response(200, content=raw.encode()))

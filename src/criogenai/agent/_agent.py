@@ -38,6 +38,7 @@ from ._model import (
     SystemMessage,
     ToolMessage,
     UserMessage,
+    utf8_safe,
 )
 from ._openai import OpenAIModel
 from ._runs import RunEntry, RunError, RunNotFound, RunRecords, RunState, RunStatus, make_records, now
@@ -274,7 +275,7 @@ class Agent:
             request = ModelRequest(messages=[e.message for e in history], tools=self._specs)
             model_name = self._genai.get("gen_ai.request.model", "")
             with genai_span("chat", model_name, self._genai, client=True):
-                reply = await self.model.complete(request)
+                reply = utf8_safe(await self.model.complete(request))
             self._append(rid, history, reply)
 
     @staticmethod

@@ -110,5 +110,5 @@ def parse_reply(response: httpx.Response) -> AssistantMessage:
             elif block["type"] == "tool_use":
                 calls.append(ToolCall(id=str(block["id"]), name=str(block["name"]), arguments=block["input"]))
         return AssistantMessage(content="".join(texts) or None, tool_calls=calls)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # nested too deep
         raise ModelError(f"not a Messages API reply: {response.text[:300]}") from exc

@@ -7,11 +7,14 @@ turns, so an agent can be tested without a model, and keeps every request it was
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import Field
+from pydantic_core import PydanticSerializationError
 
 from .._errors import ModelError as ModelError
 from .._wire import ToolCall, ToolDefinition, ToolResult, Versioned
@@ -37,6 +40,19 @@ class AssistantMessage(Versioned):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+def utf8_safe(reply: AssistantMessage) -> AssistantMessage:
+    """``reply`` with every lone surrogate replaced by U+FFFD, as a UTF-8 decoder replaces a bad
+    sequence. A model can write one as a JSON escape (``"\\ud800"``) in its text, a tool's name or
+    arguments; no run record or next request could carry it, so the run would end in an error."""
+    try:
+        reply.model_dump_json()
+        return reply
+    except PydanticSerializationError:
+        pass
+    text = json.dumps(reply.model_dump(), ensure_ascii=False)
+    return AssistantMessage.model_validate_json(re.sub("[\ud800-\udfff]", "\ufffd", text))
 
 
 class ToolMessage(Versioned):

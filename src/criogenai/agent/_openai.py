@@ -93,7 +93,7 @@ def parse_reply(response: httpx.Response) -> AssistantMessage:
         calls = [_call(c) for c in message.get("tool_calls") or []]
         content = message.get("content")
         return AssistantMessage(content=content if isinstance(content, str) else None, tool_calls=calls)
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
         raise ModelError(f"not a chat-completions reply: {response.text[:300]}") from exc
 
 
@@ -103,8 +103,9 @@ def _call(raw: Mapping[str, Any]) -> ToolCall:
     if arguments is None or arguments == "":
         arguments = {}
     elif isinstance(arguments, str):
-        # Not JSON: kept as the string, and the agent answers the model with invalid_arguments.
-        with contextlib.suppress(ValueError):
+        # Not JSON (or nested past what Python parses): kept as the string, and the agent answers
+        # the model with invalid_arguments.
+        with contextlib.suppress(ValueError, RecursionError):
             arguments = json.loads(arguments)
     call_id = raw.get("id") or f"call_{uuid.uuid4().hex[:12]}"
     return ToolCall(id=str(call_id), name=str(function.get("name") or ""), arguments=arguments)
