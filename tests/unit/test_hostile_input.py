@@ -281,3 +281,46 @@ def test_a_reply_nested_past_what_python_parses_is_a_model_error(api: str) -> No
     parse = _anthropic.parse_reply if api == "anthropic" else _openai.parse_reply
     with pytest.raises(ModelError, match="not a"):
         parse(httpx.Response(200, content=raw.encode()))
+
+
+# -- one user's results are never another's ------------------------------------------------------
+
+
+def test_a_result_cache_never_answers_one_users_memory_search_with_anothers() -> None:
+    from criogenai import Memory, ResultCache
+
+    memory, cache = Memory(namespace="clinic"), ResultCache(ttl_secs=600)
+
+    def agent(script: list[Any]) -> Agent:
+        return Agent(FakeModel(script), memory=memory, before_tool=[cache.before], after_tool=[cache.after])
+
+    def recall(user: str) -> str:
+        ask = [{"id": "c1", "name": "search_memory", "arguments": {"query": "mornings"}}]
+        with agent([ask, lambda request: request.messages[-1].content]) as a:
+            return str(a.run_sync("what?", user=user).output)
+
+    with agent([[{"id": "c1", "name": "remember", "arguments": {"text": "Prefers mornings"}}], "ok"]) as a:
+        a.run_sync("note it", user="alice")
+
+    assert "Prefers mornings" in recall("alice")  # now in the cache, for alice
+    assert json.loads(recall("bob")) == []
+    assert "Prefers mornings" in recall("alice")
+
+
+def test_a_result_cache_still_answers_the_same_scope_and_calls_without_one() -> None:
+    from criogenai import ResultCache
+
+    runs: list[str] = []
+
+    @tool(read_only=True)
+    def lookup(term: str) -> str:
+        """Look a term up."""
+        runs.append(term)
+        return term.upper()
+
+    cache = ResultCache(ttl_secs=600)
+    with Dispatcher([lookup], before_tool=[cache.before], after_tool=[cache.after]) as d:
+        for scope in (None, None, "alice", "alice", "bob"):
+            (r,) = d.run_turn_sync([ToolCall(id="c1", name="lookup", arguments={"term": "x"})], scope=scope)
+            assert r.content == "X"
+    assert len(runs) == 3  # once without a scope, once for alice, once for bob

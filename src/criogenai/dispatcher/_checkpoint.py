@@ -33,6 +33,7 @@ class CheckedTurn:
     valid: list[ValidCall]
     done: dict[str, ToolResult]
     ran_as: dict[str, HookCall] = field(default_factory=dict)
+    scope: str | None = None
 
 
 def _waiting(record: PendingApproval) -> ToolResult:
@@ -100,13 +101,18 @@ class Checkpoint:
         return Approvals(self.settings, store=self.store)
 
     async def before(
-        self, run_id: str, valid: list[ValidCall], done: dict[str, ToolResult], ledger: Ledger | None
+        self,
+        run_id: str,
+        valid: list[ValidCall],
+        done: dict[str, ToolResult],
+        ledger: Ledger | None,
+        scope: str | None = None,
     ) -> CheckedTurn:
         """Hooks and approvals for the valid calls; ``ledger`` is given when the run is resumed."""
-        turn = CheckedTurn([], dict(done))
+        turn = CheckedTurn([], dict(done), scope=scope)
         if not (self.approve or self.before_hooks):
             turn.valid = valid
-            turn.ran_as = {v.call.id: _seen(v.call, run_id, v) for v in valid}
+            turn.ran_as = {v.call.id: _seen(v.call, run_id, v, scope) for v in valid}
             return turn
         finished = ledger.finished(run_id, [v.call.id for v in valid]) if ledger is not None else {}
         # A run id the dispatcher made up now has no records yet: only a given run id is looked up.
@@ -124,7 +130,7 @@ class Checkpoint:
                 record = records.get(v.call.id)
                 if record is None:
                     outcome = await run_before(
-                        self.before_hooks, v.call, v.tool, run_id, self.max_result_chars
+                        self.before_hooks, v.call, v.tool, run_id, self.max_result_chars, scope
                     )
                     if isinstance(outcome, ToolCall) and v.tool.name in self.approve:
                         record = request_approval(self.store, run_id, outcome, v.tool.definition)
@@ -134,7 +140,7 @@ class Checkpoint:
                 turn.done[v.call.id] = outcome
             else:
                 turn.valid.append(ValidCall(outcome, v.tool))
-                turn.ran_as[v.call.id] = _seen(outcome, run_id, v)
+                turn.ran_as[v.call.id] = _seen(outcome, run_id, v, scope)
         return turn
 
     def _decided(self, record: PendingApproval, v: ValidCall) -> ToolCall | ToolResult:
@@ -165,12 +171,12 @@ class Checkpoint:
         out = dict(results)
         for c in calls:
             seen = turn.ran_as.get(c.id) or HookCall(
-                c.name, c.arguments, out[c.id].run_id, c.id, self.registry.get(c.name)
+                c.name, c.arguments, out[c.id].run_id, c.id, self.registry.get(c.name), turn.scope
             )
             out[c.id] = await run_after(self.after_hooks, seen, out[c.id], self.max_result_chars)
         return out
 
 
-def _seen(call: ToolCall, run_id: str, v: ValidCall) -> HookCall:
+def _seen(call: ToolCall, run_id: str, v: ValidCall, scope: str | None) -> HookCall:
     arguments: Any = call.arguments
-    return HookCall(call.name, arguments, run_id, call.id, v.tool)
+    return HookCall(call.name, arguments, run_id, call.id, v.tool, scope)

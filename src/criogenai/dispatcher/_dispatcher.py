@@ -152,9 +152,11 @@ class Dispatcher:
         Cancelling the task that
         awaits this cancels the turn (``cancel``). Raises ``ToolFailed`` under ``on_tool_exception="fail"``.
         """
+        scope = check_scope(scope)
         ordered, rid, valid, done = self._prepare(calls, run_id)
-        turn = await self._checkpoint.before(rid, valid, done, self._start().ledger if run_id else None)
-        sends = self._sends(turn.valid, rid, tenant, check_scope(scope))
+        ledger = self._start().ledger if run_id else None
+        turn = await self._checkpoint.before(rid, valid, done, ledger, scope)
+        sends = self._sends(turn.valid, rid, tenant, scope)
         future = self._start().submit(
             rid, sends, check_finished=run_id is not None, loop=asyncio.get_running_loop()
         )
@@ -180,11 +182,13 @@ class Dispatcher:
         tool, an ``async def`` handler), it would block that loop, which may be the very one the
         calls need: it raises instead (use ``await run_turn``)."""
         refuse_on_a_running_loop("run_turn_sync")
+        scope = check_scope(scope)
         ordered, rid, valid, done = self._prepare(calls, run_id)
         ledger = self._start().ledger if run_id else None
         name, checkpoint = "run_turn_sync", self._checkpoint
-        turn = None if checkpoint.empty else run_sync(checkpoint.before(rid, valid, done, ledger), name)
-        sends = self._sends(turn.valid if turn else valid, rid, tenant, check_scope(scope))
+        before = None if checkpoint.empty else checkpoint.before(rid, valid, done, ledger, scope)
+        turn = None if before is None else run_sync(before, name)
+        sends = self._sends(turn.valid if turn else valid, rid, tenant, scope)
         gathered = self._start().submit(rid, sends, check_finished=run_id is not None).result()
         if turn is None:
             return self._finish(ordered, done, gathered, _causes(gathered))

@@ -40,6 +40,9 @@ class HookCall:
     call_id: str
     tool: Tool[..., Any] | None = None
     """The tool (its flags, schema); None only for an ``after_tool`` hook seeing an unknown tool."""
+    scope: str | None = None
+    """The run's scope (``run_turn(..., scope=)``, ``Agent.run(..., user=)``): whose data the call
+    touches, so a hook that keeps results (a cache) keeps them apart per scope."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +123,11 @@ async def run_before(
     tool: Tool[..., Any],
     run_id: str,
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    scope: str | None = None,
 ) -> ToolCall | ToolResult:
     """Run the hooks in order: the call to send (maybe with changed arguments), or its result now."""
     for hook in hooks:
-        seen = HookCall(call.name, _copy(call.arguments), run_id, call.id, tool)
+        seen = HookCall(call.name, _copy(call.arguments), run_id, call.id, tool, scope)
         try:
             decision = await _call(hook, seen)
             if decision is not None and not isinstance(decision, Allow | ChangeArguments | Block | Answer):
@@ -227,14 +231,17 @@ async def run_after(
 # -- the ready-made cache ---------------------------------------------------------------------------
 
 
-def arguments_digest(arguments: Any) -> str:
-    """A digest of the canonical JSON of a call's arguments (sorted keys): equal arguments, one entry."""
+def arguments_digest(arguments: Any, scope: str | None = None) -> str:
+    """A digest of the canonical JSON of a call's arguments (sorted keys) and of its scope: equal
+    arguments in one scope, one entry; the same arguments in two scopes (two users), two."""
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if scope is not None:
+        canonical = f"{len(scope)}:{scope}:{canonical}"
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class ResultCache:
-    """Answers calls of read-only tools from earlier ``ok`` results, for ``ttl_secs``.
+    """Answers calls of read-only tools from earlier ``ok`` results of the same scope, for ``ttl_secs``.
 
     Give both hooks to the dispatcher: ``before_tool=[cache.before], after_tool=[cache.after]``.
     Entries live in Redis (the dispatcher's, unless ``settings`` says otherwise), or in this
@@ -265,7 +272,8 @@ class ResultCache:
         """A ``before_tool`` hook: the stored result of the same read-only call, if any."""
         if call.tool is None or not call.tool.read_only:
             return None
-        raw = self._store().get(call.tool.name, call.tool.schema_hash, arguments_digest(call.arguments))
+        digest = arguments_digest(call.arguments, call.scope)
+        raw = self._store().get(call.tool.name, call.tool.schema_hash, digest)
         if raw is None:
             return None
         stored = ToolResult.model_validate_json(raw)
@@ -278,7 +286,7 @@ class ResultCache:
         self._store().put(
             call.tool.name,
             call.tool.schema_hash,
-            arguments_digest(call.arguments),
+            arguments_digest(call.arguments, call.scope),
             result.model_dump_json(),
             self.ttl_secs,
         )
