@@ -120,7 +120,7 @@ def as_mcp_result(r: ToolResult) -> mcp_types.CallToolResult:
     if r.status == "ok" and not r.truncated and text.startswith("{"):
         try:
             structured = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # a text, or JSON nested past what Python parses
             structured = None
         if not isinstance(structured, dict):
             structured = None

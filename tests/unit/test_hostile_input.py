@@ -324,3 +324,13 @@ def test_a_result_cache_still_answers_the_same_scope_and_calls_without_one() -> 
             (r,) = d.run_turn_sync([ToolCall(id="c1", name="lookup", arguments={"term": "x"})], scope=scope)
             assert r.content == "X"
     assert len(runs) == 3  # once without a scope, once for alice, once for bob
+
+
+def test_mcp_serve_sends_a_result_nested_past_what_python_parses_as_text() -> None:
+    pytest.importorskip("mcp")
+    from criogenai._mcp_serve import as_mcp_result
+
+    text = '{"a":' + "[" * 100_000 + "]" * 100_000 + "}"
+    out = as_mcp_result(ToolResult(call_id="c1", name="n", status="ok", content=text))
+
+    assert out.structured_content is None and out.content[0].text == text and not out.is_error
