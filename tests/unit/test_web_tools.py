@@ -15,6 +15,7 @@ import socket
 import ssl
 import time
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -417,6 +418,29 @@ def test_the_readme_example_module_serves_the_web_tools() -> None:
     assert registry.names() == ["read_docs", "read_page", "web_search"]
 
 
+@pytest.mark.timeout(90)  # unbounded, this file takes many minutes
+def test_a_small_pdf_whose_pages_share_one_huge_stream_is_read_only_up_to_max_bytes(site: Site) -> None:
+    # 60 pages drawing one 1.4 MB stream: 17 KB on the wire, 80 MB of drawing to parse (minutes).
+    bomb = _pdf("Otters " * 8, pages=60, repeat=16_000)
+    one_page = len(f"BT /F1 12 Tf 72 720 Td ({'Otters ' * 8}) Tj ET\n") * 16_000
+    policy = WebPolicy(allow_loopback=True, robots_txt=False, max_bytes=2 * one_page + 1)
+    started = time.monotonic()
+    got = reader(policy)(site.page("/bomb.pdf", bomb, "application/pdf"))
+
+    assert len(bomb) < 50_000 and time.monotonic() - started < 30
+    assert got["truncated"] is True and got["text"].count("\n\n") == 1  # two pages fit the budget
+    with pytest.raises(ToolError, match="first page alone has over 100000 bytes"):
+        reader(WebPolicy(allow_loopback=True, robots_txt=False, max_bytes=100_000))(site.url("/bomb.pdf"))
+
+
+def test_a_json_page_with_escaped_lone_surrogates_or_deep_nesting_is_read_as_text(site: Site) -> None:
+    escaped = reader()(site.page("/s.json", b'{"name": "a\\ud800b"}', "application/json"))
+    assert escaped["text"] == '{\n "name": "a\\ud800b"\n}'
+    json.dumps(escaped, ensure_ascii=False).encode()  # a result that can be filed
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert reader()(site.page("/deep.json", deep, "application/json"))["text"] == deep.decode()
+
+
 def test_the_web_tools_are_read_only_so_retries_and_the_cache_apply() -> None:
     assert read_page.read_only and web_search(SearxNG("http://searx.invalid")).read_only
     assert read_page.schema["properties"]["url"]["maxLength"] == 2048
@@ -425,15 +449,19 @@ def test_the_web_tools_are_read_only_so_retries_and_the_cache_apply() -> None:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _pdf(text: str) -> bytes:
-    """A one-page PDF whose page draws ``text`` (written by hand: pypdf reads but does not typeset)."""
-    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+def _pdf(text: str, *, pages: int = 1, repeat: int = 1) -> bytes:
+    """A PDF whose page draws ``text`` (written by hand: pypdf reads but does not typeset): the
+    drawing ``repeat`` times in one compressed stream, the page ``pages`` times (one object)."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET\n".encode() * repeat
+    packed = zlib.compress(stream, 9)
+    kids = " ".join(["3 0 R"] * pages)
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
         b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length " + str(len(stream)).encode() + b" >>\nstream\n" + stream + b"\nendstream",
+        b"<< /Length " + str(len(packed)).encode() + b" /Filter /FlateDecode >>\nstream\n" + packed
+        + b"\nendstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
         b"<< /Title (Otter paper) >>",
     ]

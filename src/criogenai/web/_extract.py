@@ -18,6 +18,7 @@ import charset_normalizer
 import trafilatura
 
 from .._errors import ToolError
+from ..tools._content import plain
 from ._fetch import Fetched
 
 Format = Literal["markdown", "text"]
@@ -30,11 +31,17 @@ _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codec
 _AS_CP1252 = {"iso8859-1", "latin-1", "ascii", "cp1252"}
 
 
-def page(fetched: Fetched, fmt: Format) -> dict[str, Any]:
+DEFAULT_MAX_PDF_CONTENT_BYTES = 5_000_000
+
+
+def page(
+    fetched: Fetched, fmt: Format, max_pdf_content: int = DEFAULT_MAX_PDF_CONTENT_BYTES
+) -> dict[str, Any]:
     """What the model gets: the final URL, a title when there is one, the text, and whether the
-    body was cut at the policy's byte cap."""
+    body was cut at the policy's byte cap (or a PDF's pages at ``max_pdf_content``)."""
     kind = fetched.content_type or _sniff(fetched.body)
     title: str | None = None
+    truncated = fetched.truncated
     if kind in _HTML:
         html = decode(fetched.body, fetched.charset, html=True)
         title, text = _html(html, fetched.url, fmt)
@@ -43,7 +50,7 @@ def page(fetched: Fetched, fmt: Format) -> dict[str, Any]:
     elif kind == "application/pdf":
         if fetched.truncated:
             raise ToolError(f"{fetched.url} is a PDF larger than this tool reads ({len(fetched.body)} bytes)")
-        title, text = _pdf(fetched.body)
+        title, text, truncated = _pdf(fetched.body, max_pdf_content)
     elif kind.startswith("text/") or kind in _TEXT:
         text = decode(fetched.body, fetched.charset, html=False)
     else:
@@ -52,7 +59,7 @@ def page(fetched: Fetched, fmt: Format) -> dict[str, Any]:
         "url": fetched.url,
         "title": title,
         "content_type": kind,
-        "truncated": fetched.truncated,
+        "truncated": truncated,
         "text": text,  # last, so that a result cut for the model keeps every other field
     }
 
@@ -111,21 +118,37 @@ def _html(html: str, url: str, fmt: Format) -> tuple[str | None, str]:
 
 
 def _json(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text), indent=1, ensure_ascii=False)
-    except ValueError:
-        return text  # cut at the byte cap, or not JSON after all: the model reads it as text
+    try:  # plain: a "\\ud800" escape in the page stays an escape, not a lone surrogate
+        return plain(json.dumps(json.loads(text), indent=1, ensure_ascii=False))
+    except (ValueError, RecursionError):
+        return text  # cut at the byte cap, not JSON after all, or nested too deep: read as text
 
 
-def _pdf(body: bytes) -> tuple[str | None, str]:
+def _pdf(body: bytes, max_content: int) -> tuple[str | None, str, bool]:
+    """The PDF's title and text, and whether pages were left out: pages are read until their
+    inflated content streams add up to ``max_content`` bytes (the policy's ``max_bytes``)."""
     try:
         import pypdf
     except ImportError:
         raise ToolError("this tool cannot read PDF files (pypdf is not installed)") from None
+    texts: list[str] = []
+    spent, cut = 0, False
     try:
         reader = pypdf.PdfReader(io.BytesIO(body))
-        text = "\n\n".join(p.extract_text() or "" for p in reader.pages)
+        for p in reader.pages:
+            # A page's content stream costs its inflated size to read, and a small file can have
+            # many pages sharing one huge stream: read pages while their content fits the budget.
+            contents = p.get_contents()
+            spent += len(contents.get_data()) if contents is not None else 0
+            if spent > max_content and texts:
+                cut = True
+                break
+            if spent > max_content:
+                raise ToolError(f"the PDF's first page alone has over {max_content} bytes of content")
+            texts.append(p.extract_text() or "")
         title = reader.metadata.title if reader.metadata is not None else None
+    except ToolError:
+        raise
     except Exception as exc:  # pypdf raises many types on a broken file
         raise ToolError(f"the PDF could not be read: {type(exc).__name__}") from None
-    return (str(title) if title else None), text
+    return (str(title) if title else None), plain("\n\n".join(texts)), cut

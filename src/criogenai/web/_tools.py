@@ -36,7 +36,7 @@ def page_reader(
     policy = policy or WebPolicy()
 
     def read_page(url: str, format: Format = "markdown") -> dict[str, Any]:
-        return page(fetch(url, policy), format)
+        return page(fetch(url, policy), format, policy.max_bytes)
 
     return tool_from_schema(
         name=name,
