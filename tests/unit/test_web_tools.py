@@ -406,6 +406,16 @@ def test_brave_search_sends_its_key_in_a_header_only_and_never_returns_or_logs_i
     assert key not in repr(provider) and key not in str(got) and key not in caplog.text
 
 
+def test_search_results_with_escaped_lone_surrogates_or_deep_nesting_stay_data(site: Site) -> None:
+    body = b'{"results": [{"title": "a\\ud800", "url": "https://x.example/\\udc80", "content": "s"}]}'
+    site.routes["/search"] = lambda h: h.reply(200, body, "application/json")
+    got = web_search(SearxNG(site.url("/")))("otters")
+    assert got["results"] == [{"title": "a\\ud800", "url": "https://x.example/\\udc80", "snippet": "s"}]
+    site.routes["/search"] = lambda h: h.reply(200, b"[" * 100_000 + b"]" * 100_000, "application/json")
+    with pytest.raises(ToolError, match="SearxNG did not answer with JSON"):
+        web_search(SearxNG(site.url("/")))("otters")
+
+
 def test_a_search_provider_that_is_down_gives_a_retryable_error(site: Site) -> None:
     site.routes["/search"] = lambda h: h.reply(502, b"", "text/plain")
     with pytest.raises(ToolError, match="SearxNG answered HTTP 502") as info:

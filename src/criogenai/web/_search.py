@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from .._errors import ConfigurationError, ToolError
+from ..tools._content import plain
 from ._policy import DEFAULT_USER_AGENT
 
 _MAX_RESPONSE_BYTES = 2_000_000
@@ -62,7 +63,7 @@ class SearxNG:
         data = _get_json(f"{self.base_url}/search", params, {}, self.timeout_secs, "SearxNG")
         results = data.get("results") if isinstance(data, dict) else None
         return [
-            SearchResult(title=_text(r.get("title")), url=str(r["url"]), snippet=_text(r.get("content")))
+            SearchResult(title=_text(r.get("title")), url=plain(r["url"]), snippet=_text(r.get("content")))
             for r in (results if isinstance(results, list) else [])
             if isinstance(r, dict) and isinstance(r.get("url"), str)
         ][:count]
@@ -95,15 +96,18 @@ class BraveSearch:
         web = data.get("web") if isinstance(data, dict) else None
         results = web.get("results") if isinstance(web, dict) else None
         return [
-            SearchResult(title=_text(r.get("title")), url=str(r["url"]), snippet=_text(r.get("description")))
+            SearchResult(
+                title=_text(r.get("title")), url=plain(r["url"]), snippet=_text(r.get("description"))
+            )
             for r in (results if isinstance(results, list) else [])
             if isinstance(r, dict) and isinstance(r.get("url"), str)
         ][:count]
 
 
 def _text(value: object) -> str:
-    """Snippets come with highlighting tags and entities; the model gets plain text."""
-    return html.unescape(_TAG.sub("", value)).strip() if isinstance(value, str) else ""
+    """Snippets come with highlighting tags and entities; the model gets plain text (a lone
+    surrogate a JSON escape made, written as its escape again: the result must stay UTF-8)."""
+    return plain(html.unescape(_TAG.sub("", value)).strip()) if isinstance(value, str) else ""
 
 
 def _get_json(url: str, params: dict[str, str | int], headers: dict[str, str], timeout: float,
@@ -128,5 +132,5 @@ def _get_json(url: str, params: dict[str, str | int], headers: dict[str, str], t
         raise ToolError(f"{provider} could not be reached: {type(exc).__name__}", retryable=True) from None
     try:
         return json.loads(bytes(body))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python parses
         raise ToolError(f"{provider} did not answer with JSON") from None
