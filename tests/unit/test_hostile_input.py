@@ -334,3 +334,23 @@ def test_mcp_serve_sends_a_result_nested_past_what_python_parses_as_text() -> No
     out = as_mcp_result(ToolResult(call_id="c1", name="n", status="ok", content=text))
 
     assert out.structured_content is None and out.content[0].text == text and not out.is_error
+
+
+# -- run ids ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_id", ["a}:claim:c1", "{a}", "r\nINFO forged", "r\x1b[2J", "r" * 201, ""])
+def test_a_run_id_that_could_shape_another_runs_keys_or_forge_log_lines_is_refused(run_id: str) -> None:
+    from criogenai import ConfigurationError
+
+    with Dispatcher([echo]) as d, pytest.raises(ConfigurationError, match="run id"):
+        d.run_turn_sync([ToolCall(id="c1", name="echo", arguments={"text": "x"})], run_id=run_id)
+    with Agent(FakeModel(["hi"]), tools=[echo]) as agent, pytest.raises(ConfigurationError, match="run id"):
+        agent.run_sync("go", run_id=run_id)
+
+
+@pytest.mark.parametrize("run_id", ["run-1", "9f1c2d", "tenant:alice:42", "r" * 200])
+def test_run_ids_of_printable_characters_without_braces_are_used_as_given(run_id: str) -> None:
+    with Dispatcher([echo]) as d:
+        (result,) = d.run_turn_sync([ToolCall(id="c1", name="echo", arguments={"text": "x"})], run_id=run_id)
+    assert (result.run_id, result.status) == (run_id, "ok")

@@ -23,7 +23,7 @@ from .._loop import run_sync
 from .._tracing import genai_span
 from .._wire import MAX_CALL_ID_CHARS, OnToolException, ToolCall, ToolResult
 from ..dispatcher import Dispatcher
-from ..dispatcher._dispatcher import check_scope
+from ..dispatcher._dispatcher import check_run_id, check_scope
 from ..memory import Memory
 from ..runner._outcomes import invalid_arguments
 from ..tools import DEFAULT_QUEUE, MCPServer, Tool, ToolContext, ToolRegistry, tool
@@ -81,13 +81,6 @@ def resolve_model(model: Model | str) -> Model:
     if isinstance(model, Model):
         return model
     raise ConfigurationError(f"{model!r} is not a model: it needs an async complete(request) method")
-
-
-def _check_run_id(run_id: str) -> str:
-    if not 0 < len(run_id) <= 200 or "{" in run_id or "}" in run_id:
-        raise ConfigurationError(f"run id {run_id!r}: use 1 to 200 characters, without braces")
-    return run_id
-
 
 
 def _run_error(exc: Exception) -> RunError:
@@ -198,7 +191,7 @@ class Agent:
         fails under ``on_tool_exception="fail"``, and ``ModelError`` when the model cannot be
         asked; the run is then stored as failed, and ``retry()`` continues it.
         """
-        rid = _check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+        rid = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         t = now()
         state = RunState(run_id=rid, status="running", created=t, updated=t, user=check_scope(user))
         if not self.store.create(state):

@@ -44,6 +44,16 @@ def check_scope(scope: str | None) -> str | None:
     return scope
 
 
+def check_run_id(run_id: str) -> str:
+    """A run id is 1-200 printable characters without braces: it names the run's Redis keys inside
+    a hash tag (``crg:{<run>}:...``), where a brace would let one run's key be another's (run
+    ``a}:claim:c`` has the results key of run ``a``'s call ``c}:results``), and it is logged."""
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 200 or not run_id.isprintable() \
+            or "{" in run_id or "}" in run_id:
+        raise ConfigurationError(f"run id {run_id!r}: use 1 to 200 printable characters, without braces")
+    return run_id
+
+
 class Dispatcher:
     """Runs turns of tool calls on a Celery fleet (or, with no broker configured, in-process).
 
@@ -229,7 +239,7 @@ class Dispatcher:
         self, calls: Sequence[CallLike], run_id: str | None
     ) -> tuple[list[ToolCall], str, list[ValidCall], dict[str, ToolResult]]:
         ordered = coerce_calls(calls)
-        rid = run_id or uuid.uuid4().hex
+        rid = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
         note_turn(rid, ordered, self.registry)
         valid, done = check_turn(ordered, self.registry, self.limits, rid)
         return ordered, rid, valid, done
