@@ -1,6 +1,7 @@
 """Tools a hostile-input test's worker serves: results and checks a model's data can set off.
 
-Each counts its real runs in the test's Redis (``tests.fleet_tools.runs``).
+Each counts its real runs in the test's Redis (``tests.fleet_tools.runs``). They are on a queue of
+their own, so the worker serving them takes no other module's calls.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from pydantic import BaseModel, field_validator
 
 from criogenai import ToolError, tool
 from tests.fleet_tools import _count
+
+QUEUE = "hostile-input"
 
 
 class Item(BaseModel):
@@ -22,14 +25,14 @@ class Item(BaseModel):
         return value
 
 
-@tool
+@tool(queue=QUEUE)
 def takes_item(item: Item, key: str) -> str:
     """Take an item (its validator has a bug a model can set off)."""
     _count(key)
     return item.name
 
 
-@tool
+@tool(queue=QUEUE)
 def decoded_badly(key: str, how: str) -> object:
     """A result, a ToolError or an exception holding a lone surrogate, as a bad decode leaves."""
     _count(key)

@@ -7,10 +7,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 
-from criogenai import Dispatcher, Settings, ToolCall, ToolRegistry
+from criogenai import Dispatcher, Settings, ToolCall
 from criogenai._wire import ToolResult
+from criogenai.tools._tool import remote_tool
+from tests import hostile_tools
 from tests.conftest import WorkerProcess, fleet_url, start_worker
 from tests.fleet_tools import runs
 
@@ -18,19 +19,18 @@ from tests.fleet_tools import runs
 @pytest.fixture(scope="module", params=["prefork", "threads"])
 def worker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
            redis_up: None) -> Iterator[WorkerProcess]:
-    redis.Redis.from_url(fleet_url()).flushdb()
     w = start_worker(fleet_url(), tmp_path_factory.mktemp("hostile"), pool=request.param, concurrency=2,
-                     tools="tests.hostile_tools")
+                     tools="tests.hostile_tools", queues=hostile_tools.QUEUE)
     yield w
     w.stop()
 
 
 def run_one(name: str, arguments: dict[str, object]) -> ToolResult:
-    """One call through a dispatcher that knows the tool only from the catalog (as ``mcp serve``
-    does): the tool's own validators then run only on the worker."""
+    """One call through a dispatcher that knows the tool only by its definition (as ``mcp serve``
+    and catalog readers do): the tool's own validators then run only on the worker."""
     settings = Settings(broker_url=fleet_url(), lease_secs=2.0)
-    registry = ToolRegistry.from_catalog([name], settings)
-    with Dispatcher(registry, settings=settings, on_tool_exception="return_generic",
+    tools = [remote_tool(t.definition) for t in (hostile_tools.takes_item, hostile_tools.decoded_badly)]
+    with Dispatcher(tools, settings=settings, on_tool_exception="return_generic",
                     limits={"tool_timeout_secs": 20}) as d:
         (result,) = d.run_turn_sync([ToolCall(id="c1", name=name, arguments=arguments)])
     return result
