@@ -491,9 +491,9 @@ class FleetEngine:
             # in flight when its connection to Redis broke (it says so, or this dispatcher's broke
             # too): the server took the messages off the queue, and the reply carrying them was
             # lost. Sending it again is safe for any tool: a call never started cannot start
-            # twice (the claim decides). Nothing ran, so it does not count as a run that died, and its wait for a
-            # worker still counts from its first publish (a busy fleet under repeated breaks
-            # would otherwise see its queued calls end "lost", or wait for ever).
+            # twice (the claim decides). Nothing ran, so it does not count as a run that died,
+            # and its wait for a worker still counts from its first publish (a busy fleet under
+            # repeated breaks would otherwise see its queued calls end "lost", or wait for ever).
             log.info("call %s/%s may have been taken off the queue unstarted; sending it again",
                      run_id, payload.call.id)
             self._resend(p, now)
