@@ -168,3 +168,12 @@ def test_a_retried_run_keeps_its_user() -> None:
     with pytest.raises(Exception, match="scope"):
         agent.run_sync("[]", user="{bad}")
     agent.close()
+
+
+def test_a_namespace_cannot_hold_the_colon_that_ends_it_in_a_memory_key() -> None:
+    """Namespace "a:b" with user "c" and namespace "a" with user "b:c" would share one hash."""
+    from criogenai import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="memory namespace 'a:b'"):
+        Memory(namespace="a:b")
+    assert Memory(namespace="clinic.v2-eu_1").namespace == "clinic.v2-eu_1"

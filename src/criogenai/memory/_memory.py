@@ -24,7 +24,8 @@ from ..tools import Tool, ToolContext, tool
 from ._embeddings import Embedder, EmbeddingError
 from ._rank import rank
 
-_NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+"""No ':': it separates the namespace from the scope in a memory key, and a scope may hold one."""
 DEFAULT_MAX_CHARS = 2000
 DEFAULT_MAX_MEMORIES = 1000
 
@@ -54,7 +55,7 @@ class Memory:
         max_memories: int = DEFAULT_MAX_MEMORIES,
     ) -> None:
         if not _NAMESPACE.match(namespace):
-            raise ConfigurationError(f"memory namespace {namespace!r}: 1-100 letters, digits or '_.:-'")
+            raise ConfigurationError(f"memory namespace {namespace!r}: 1-100 letters, digits or '_.-'")
         if max_chars < 1 or max_memories < 1:
             raise ConfigurationError("max_chars and max_memories must be positive")
         self.store = store if store is not None else default_store()
