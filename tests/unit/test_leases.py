@@ -49,3 +49,29 @@ def test_a_lost_claim_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -
             time.sleep(0.05)
         keeper.drop("r", "c")
     assert caplog.text.count("lost its claim") == 1
+
+
+def test_a_claim_its_own_filing_deleted_is_not_reported_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """Filing a result deletes the claim before the lease is dropped: a renewal in between finds
+    it gone. That is the filing's doing, not a lost lease (at scale: thousands of false alarms)."""
+    ledger = MemoryLedger(lease_secs=0.3)
+    renewals = threading.Semaphore(0)
+    renew = ledger.renew
+
+    def counted(claims):  # type: ignore[no-untyped-def]
+        try:
+            return renew(claims)
+        finally:
+            renewals.release()
+
+    ledger.renew = counted  # type: ignore[method-assign]
+    keeper = LeaseKeeper(ledger)
+    ledger.claim("r", "c", "me", time.time() + 60)
+    with caplog.at_level(logging.WARNING):
+        keeper.hold("r", "c", "me")
+        keeper.filing("r", "c")
+        ledger.release("r", "c")  # what the filing does to the claim
+        for _ in range(3):  # renewal passes that find the claim gone
+            assert renewals.acquire(timeout=5)
+        keeper.drop("r", "c")
+    assert "lost its claim" not in caplog.text
