@@ -430,9 +430,9 @@ def test_the_readme_example_module_serves_the_web_tools() -> None:
 
 @pytest.mark.timeout(90)  # unbounded, this file takes many minutes
 def test_a_small_pdf_whose_pages_share_one_huge_stream_is_read_only_up_to_max_bytes(site: Site) -> None:
-    # 60 pages drawing one 1.4 MB stream: 17 KB on the wire, 80 MB of drawing to parse (minutes).
-    bomb = _pdf("Otters " * 8, pages=60, repeat=16_000)
-    one_page = len(f"BT /F1 12 Tf 72 720 Td ({'Otters ' * 8}) Tj ET\n") * 16_000
+    # 60 pages drawing one 350 KB stream: a few KB on the wire, 20 MB of drawing to parse (minutes).
+    bomb = _pdf("Otters " * 8, pages=60, repeat=4_000)
+    one_page = len(f"BT /F1 12 Tf 72 720 Td ({'Otters ' * 8}) Tj ET\n") * 4_000
     policy = WebPolicy(allow_loopback=True, robots_txt=False, max_bytes=2 * one_page + 1)
     started = time.monotonic()
     got = reader(policy)(site.page("/bomb.pdf", bomb, "application/pdf"))
