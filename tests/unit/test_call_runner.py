@@ -105,6 +105,29 @@ def test_a_claim_or_filing_sent_again_by_its_delivery_is_its_own_and_another_del
     assert ledger.claim(t.run_id, "c1", "d1", t.deadline) == Claim("done")
 
 
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_claim_is_kept_from_the_moment_it_is_made_however_late_its_call_resumes(kind: str) -> None:
+    """On a loaded event loop a claimed call may resume after a lease: the claim is renewed from
+    the claim on (under the delivery's own token), so no other delivery can take it meanwhile."""
+    ledger: Ledger = MemoryLedger(lease_secs=0.3) if kind == "memory" else RedisLedger(
+        fleet_url(), prefix=f"t{uuid.uuid4().hex[:6]}", lease_secs=0.3)
+    renewed: list[int] = []
+    renew = ledger.renew
+
+    def counted(claims):  # type: ignore[no-untyped-def]
+        try:
+            return renew(claims)
+        finally:
+            renewed.append(len(claims))
+
+    ledger.renew = counted  # type: ignore[method-assign]
+    r, t = runner(ledger), task()
+    assert r._claim(t, r._delivery_token()).kind == "claimed"
+    wait_for(lambda: len(renewed) >= 5, what="renewals over more than a lease")  # the call not resumed yet
+    assert ledger.claim(t.run_id, "c1", "another-delivery", t.deadline) == Claim("busy")
+    r.leases.drop(t.run_id, "c1")
+
+
 def test_a_delivery_past_its_deadline_or_given_up_does_not_run(ledger: Ledger) -> None:
     assert runner(ledger).run(Delivery(task(deadline=time.time() - 1))) == NotRun("expired")
     t = task()

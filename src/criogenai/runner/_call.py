@@ -335,7 +335,7 @@ class CallRunner:
         When Redis does not answer, nothing ran: ``StoreAway("claim")`` (the ledger's own retries
         waited a few seconds; a claim Redis took before the break is held until its lease runs out)."""
         run_id, call_id = payload.run_id, payload.call.id
-        renewing = self.leases.claiming(run_id, call_id, self.token)
+        renewing = self.leases.claiming(run_id, call_id, token)
         try:
             claim = self.ledger.claim(run_id, call_id, token, payload.deadline)
             if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
