@@ -274,7 +274,7 @@ class WorkerSettings(_Value):
     max_abandoned_threads: int = Field(0, ge=0, le=100_000)
     """Threads pool: once this many sync tools abandoned past their time limit still run (blocked
     in C: a socket read without a timeout, a lock), stop taking calls, let those in flight finish,
-    and exit with status 4 for the supervisor to restart the worker; 0: max(16, concurrency)."""
+    and exit with status 4 for the supervisor to restart the worker; 0: max(16, 2 * concurrency)."""
     otel_spans_file: str = ""
     """With otel, also append every finished span to this file, one JSON object a line (tests,
     debugging); not an option of the commands."""

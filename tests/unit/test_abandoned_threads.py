@@ -21,14 +21,14 @@ from tests.conftest import wait_for
 _release = threading.Event()
 
 
-@tool(timeout_secs=0.2)
+@tool(timeout_secs=1)  # room for a new thread to take it on a loaded machine
 def waits_in_c() -> str:
     """Block on a lock (in C, where the exception raised into its thread cannot reach it)."""
     _release.wait()
     return "released"
 
 
-@tool(timeout_secs=0.2)
+@tool(timeout_secs=1)
 def loops_in_python() -> str:
     """Run Python code past the limit: the exception raised into its thread ends it at once."""
     deadline = time.monotonic() + 30
@@ -101,7 +101,7 @@ def test_a_worker_stops_once_at_its_cap_with_its_own_status(caplog: pytest.LogCa
 def test_the_cap_defaults_to_16_or_the_concurrency_whichever_is_more(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CRIOGENAI_MAX_ABANDONED_THREADS", raising=False)
     app = SimpleNamespace()
-    assert (abandoned_cap(app, 4), abandoned_cap(app, 100)) == (16, 100)
+    assert (abandoned_cap(app, 4), abandoned_cap(app, 100)) == (16, 200)  # a whole window and more
     monkeypatch.setenv("CRIOGENAI_MAX_ABANDONED_THREADS", "7")
     assert abandoned_cap(app, 100) == 7
     app.criogenai_max_abandoned_threads = 5  # the worker option, as Celery built the worker

@@ -89,6 +89,30 @@ def test_a_validator_raising_what_pydantic_does_not_catch_is_invalid_arguments_w
     assert "SECRET" not in result.model_dump_json()
 
 
+class Page(BaseModel):
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _decodable(cls, value: str) -> str:
+        raise ToolError("cannot parse: " + b"\xff".decode("utf-8", "surrogateescape"))
+
+
+@tool
+def takes_page(page: Page) -> str:
+    """Read a page."""
+    return page.url
+
+
+def test_a_validators_message_holding_a_lone_surrogate_is_invalid_arguments_that_can_be_filed() -> None:
+    with Dispatcher([takes_page]) as d:
+        result = run_one(d, "takes_page", {"page": {"url": "x"}})
+
+    assert result.status == "invalid_arguments"
+    assert "cannot parse: \\udcff" in result.content
+    json.loads(result.model_dump_json())  # the result can be filed and sent
+
+
 # -- lone surrogates ------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ step           worker (Celery task)                        embedded engine (it i
                ``Ignore`` (the lease runs out, it is        ``lost``
                sent again)
 abandoned      threads pool: at ``max_abandoned_threads``   the user's process is never ended: a
-               (default max(16, concurrency)) one           WARNING at 16, then at each doubling;
+               (default max(16, 2 x concurrency)) one       WARNING at 16, then at each doubling;
                CRITICAL line, warm shutdown, exit 4 for     the count in
                the supervisor to restart it (prefork:       ``Dispatcher.abandoned_tool_threads``
                none, a child is killed at its hard limit)

@@ -72,8 +72,11 @@ def unknown_tool(name: str, available: list[str], max_chars: int, *, where: str 
 
 
 def invalid_arguments(name: str, problems: list[str]) -> Outcome:
+    """Every problem, made plain text (a validator's message may hold a lone surrogate, which no
+    result could be filed with)."""
+    problems = [plain(p) for p in problems]
     text = f"Invalid arguments for tool {name!r}:\n" + "\n".join(f"- {p}" for p in problems)
-    return Outcome("invalid_arguments", text, {"problems": list(problems)})
+    return Outcome("invalid_arguments", text, {"problems": problems})
 
 
 def timed_out(name: str, timeout_secs: float, duration: float, *, stopped: bool = False) -> Outcome:

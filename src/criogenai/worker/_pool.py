@@ -138,10 +138,11 @@ MIN_ABANDONED_CAP = 16
 
 def abandoned_cap(app: Any, concurrency: int) -> int:
     """The worker's ``max_abandoned_threads`` (the option as Celery built the worker, else its
-    variable); 0 means ``max(16, concurrency)``: room for a whole window of calls abandoned at once."""
+    variable); 0 means ``max(16, 2 * concurrency)``: room for a whole window of calls abandoned at
+    once (a downstream hang that times out every call in flight) and more, before a restart."""
     given = getattr(app, "criogenai_max_abandoned_threads", None)
     cap = int(given if given is not None else WorkerSettings.from_env().max_abandoned_threads)
-    return cap or max(MIN_ABANDONED_CAP, concurrency)
+    return cap or max(MIN_ABANDONED_CAP, 2 * concurrency)
 
 
 class StopPastCap:
