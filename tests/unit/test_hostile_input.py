@@ -278,6 +278,27 @@ def test_a_model_writing_a_lone_surrogate_gets_its_call_run_with_the_replacement
     assert second[-2]["content"] == "note \ufffd" and second[-1]["content"] == "a\ufffd"
 
 
+def test_a_call_id_a_model_made_unprintable_or_too_long_is_replaced_and_the_run_goes_on() -> None:
+    from tests.chat_server import chat_server, completion, function_call
+
+    odd = "call_1\u2028x"
+    with chat_server([
+        (200, completion(None, tool_calls=[function_call(odd, "echo", '{"text": "a"}'),
+                                           function_call("x" * 300, "echo", '{"text": "b"}')])),
+        (200, completion("done")),
+    ]) as server:
+        from criogenai import OpenAIModel
+
+        with Agent(OpenAIModel("m", base_url=server.base_url, api_key="sk-test"), tools=[echo]) as agent:
+            run = agent.run_sync("go")
+
+    assert run.output == "done"
+    second = server.requests[1]["messages"]
+    ids = [c["id"] for c in second[-3]["tool_calls"]]
+    assert all(i.isprintable() and len(i) <= 256 for i in ids) and len(set(ids)) == 2
+    assert [m["tool_call_id"] for m in second[-2:]] == ids  # the model reads each result under its id
+
+
 def test_arguments_nested_past_what_python_parses_are_kept_as_text_not_a_crash() -> None:
     import httpx
 

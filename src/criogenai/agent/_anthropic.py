@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 from .._wire import ToolCall
 from ..tools._shapes import anthropic_tool
 from ._http import HTTPModel
-from ._model import AssistantMessage, Message, ModelError, ModelRequest, SystemMessage, ToolMessage
+from ._model import (
+    AssistantMessage,
+    Message,
+    ModelError,
+    ModelRequest,
+    SystemMessage,
+    ToolMessage,
+    model_call_id,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -108,7 +116,8 @@ def parse_reply(response: httpx.Response) -> AssistantMessage:
             if block["type"] == "text":
                 texts.append(block["text"])
             elif block["type"] == "tool_use":
-                calls.append(ToolCall(id=str(block["id"]), name=str(block["name"]), arguments=block["input"]))
+                calls.append(ToolCall(id=model_call_id(block["id"]), name=str(block["name"]),
+                                      arguments=block["input"]))
         return AssistantMessage(content="".join(texts) or None, tool_calls=calls)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # nested too deep
         raise ModelError(f"not a Messages API reply: {response.text[:300]}") from exc

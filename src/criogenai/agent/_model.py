@@ -7,9 +7,11 @@ turns, so an agent can be tested without a model, and keeps every request it was
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
@@ -17,7 +19,7 @@ from pydantic import Field
 from pydantic_core import PydanticSerializationError
 
 from .._errors import ModelError as ModelError
-from .._wire import ToolCall, ToolDefinition, ToolResult, Versioned
+from .._wire import MAX_CALL_ID_CHARS, ToolCall, ToolDefinition, ToolResult, Versioned
 
 
 class SystemMessage(Versioned):
@@ -40,6 +42,18 @@ class AssistantMessage(Versioned):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+def model_call_id(raw: object) -> str:
+    """The id a model gave a call when it can be one (printable, at most ``MAX_CALL_ID_CHARS``);
+    else an id made from it, the same each time, so one odd id does not end the run: the run, and
+    the model's next request, then know the call by that id. A missing id gets a new one."""
+    text = "" if raw is None else str(raw)
+    if not text:
+        return f"call_{uuid.uuid4().hex[:12]}"
+    if text.isprintable() and len(text) <= MAX_CALL_ID_CHARS:
+        return text
+    return "call_" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 def utf8_safe(reply: AssistantMessage) -> AssistantMessage:

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._wire import ToolCall, ToolDefinition
 from ..tools._shapes import openai_tool
 from ._http import HTTPModel
-from ._model import AssistantMessage, Message, ModelError, ModelRequest, SystemMessage, UserMessage
+from ._model import (
+    AssistantMessage,
+    Message,
+    ModelError,
+    ModelRequest,
+    SystemMessage,
+    UserMessage,
+    model_call_id,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -107,5 +114,5 @@ def _call(raw: Mapping[str, Any]) -> ToolCall:
         # the model with invalid_arguments.
         with contextlib.suppress(ValueError, RecursionError):
             arguments = json.loads(arguments)
-    call_id = raw.get("id") or f"call_{uuid.uuid4().hex[:12]}"
-    return ToolCall(id=str(call_id), name=str(function.get("name") or ""), arguments=arguments)
+    name = str(function.get("name") or "")
+    return ToolCall(id=model_call_id(raw.get("id")), name=name, arguments=arguments)
