@@ -443,6 +443,19 @@ def test_a_small_pdf_whose_pages_share_one_huge_stream_is_read_only_up_to_max_by
         reader(WebPolicy(allow_loopback=True, robots_txt=False, max_bytes=100_000))(site.url("/bomb.pdf"))
 
 
+@pytest.mark.timeout(90)  # unbounded, this file takes minutes
+def test_a_pdf_whose_pages_draw_one_huge_form_is_read_only_up_to_its_budget(site: Site) -> None:
+    # 40 pages of a few bytes each, each drawing one 350 KB form: the form is read at every use
+    bomb = _pdf("Otters " * 8, pages=40, repeat=4_000, form=True)
+    one_page = len(f"BT /F1 12 Tf 72 720 Td ({'Otters ' * 8}) Tj ET\n") * 4_000
+    policy = WebPolicy(allow_loopback=True, robots_txt=False, max_bytes=2 * one_page + 1)
+    started = time.monotonic()
+    got = reader(policy)(site.page("/forms.pdf", bomb, "application/pdf"))
+
+    assert len(bomb) < 5_000 and time.monotonic() - started < 30
+    assert got["truncated"] is True and 1 <= got["text"].count("\n\n") < 4
+
+
 def test_a_json_page_with_escaped_lone_surrogates_or_deep_nesting_is_read_as_text(site: Site) -> None:
     escaped = reader()(site.page("/s.json", b'{"name": "a\\ud800b"}', "application/json"))
     assert escaped["text"] == '{\n "name": "a\\ud800b"\n}'
@@ -459,21 +472,26 @@ def test_the_web_tools_are_read_only_so_retries_and_the_cache_apply() -> None:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _pdf(text: str, *, pages: int = 1, repeat: int = 1) -> bytes:
+def _pdf(text: str, *, pages: int = 1, repeat: int = 1, form: bool = False) -> bytes:
     """A PDF whose page draws ``text`` (written by hand: pypdf reads but does not typeset): the
-    drawing ``repeat`` times in one compressed stream, the page ``pages`` times (one object)."""
+    drawing ``repeat`` times in one compressed stream, the page ``pages`` times (one object).
+    ``form``: the stream is a form each page draws (``/Fm0 Do``), its own content a few bytes."""
     stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET\n".encode() * repeat
     packed = zlib.compress(stream, 9)
     kids = " ".join(["3 0 R"] * pages)
+    drawing = b"/Filter /FlateDecode >>\nstream\n" + packed + b"\nendstream"
+    page_content = b"q /Fm0 Do Q\n"
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
         f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length " + str(len(packed)).encode() + b" /Filter /FlateDecode >>\nstream\n" + packed
-        + b"\nendstream",
+        b"/Resources << /Font << /F1 5 0 R >> /XObject << /Fm0 7 0 R >> >> >>",
+        (b"<< /Length " + str(len(page_content)).encode() + b" >>\nstream\n" + page_content + b"\nendstream"
+         if form else b"<< /Length " + str(len(packed)).encode() + b" " + drawing),
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
         b"<< /Title (Otter paper) >>",
+        b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /Font << /F1 5 0 R >> >> "
+        b"/Length " + str(len(packed)).encode() + b" " + drawing,
     ]
     out = bytearray(b"%PDF-1.4\n")
     offsets = []

@@ -124,6 +124,31 @@ def _json(text: str) -> str:
         return text  # cut at the byte cap, not JSON after all, or nested too deep: read as text
 
 
+_BYTES_PER_OPERATOR = 16
+"""The operator budget of a PDF's text is ``max_bytes`` over this: about what a page of text costs
+per operator, so a document of forms gets the work its content streams' bytes would."""
+
+
+class _Spent(Exception):
+    """The document drew more operators than its budget."""
+
+
+class _OperatorBudget:
+    """Counts the drawing operators text extraction reads, across the whole document: the forms a
+    page draws (``Do``) are read again at every use, so a small file of pages drawing one huge
+    form, or one form thousands of times, costs far more than its content streams' size."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    def __call__(self, *_: Any) -> None:
+        self.used += 1
+        if self.used > self.limit:
+            # Raised again at each later operator: pypdf logs and goes on past an error in a form,
+            # and the page's next operator then ends its extraction.
+            raise _Spent
+
+
 def _pdf(body: bytes, max_content: int) -> tuple[str | None, str, bool]:
     """The PDF's title and text, and whether pages were left out: pages are read until their
     inflated content streams add up to ``max_content`` bytes (the policy's ``max_bytes``)."""
@@ -133,6 +158,7 @@ def _pdf(body: bytes, max_content: int) -> tuple[str | None, str, bool]:
         raise ToolError("this tool cannot read PDF files (pypdf is not installed)") from None
     texts: list[str] = []
     spent, cut = 0, False
+    operators = _OperatorBudget(max_content // _BYTES_PER_OPERATOR)
     try:
         reader = pypdf.PdfReader(io.BytesIO(body))
         for p in reader.pages:
@@ -145,7 +171,13 @@ def _pdf(body: bytes, max_content: int) -> tuple[str | None, str, bool]:
                 break
             if spent > max_content:
                 raise ToolError(f"the PDF's first page alone has over {max_content} bytes of content")
-            texts.append(p.extract_text() or "")
+            try:
+                texts.append(p.extract_text(visitor_operand_before=operators) or "")
+            except _Spent:
+                cut = True
+                break
+        if not texts and cut:
+            raise ToolError(f"the PDF's first page alone draws over {operators.limit} operators")
         title = reader.metadata.title if reader.metadata is not None else None
     except ToolError:
         raise
