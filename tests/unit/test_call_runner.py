@@ -109,8 +109,8 @@ def test_a_claim_or_filing_sent_again_by_its_delivery_is_its_own_and_another_del
 def test_a_claim_is_kept_from_the_moment_it_is_made_however_late_its_call_resumes(kind: str) -> None:
     """On a loaded event loop a claimed call may resume after a lease: the claim is renewed from
     the claim on (under the delivery's own token), so no other delivery can take it meanwhile."""
-    ledger: Ledger = MemoryLedger(lease_secs=0.3) if kind == "memory" else RedisLedger(
-        fleet_url(), prefix=f"t{uuid.uuid4().hex[:6]}", lease_secs=0.3)
+    ledger: Ledger = MemoryLedger(lease_secs=1.0) if kind == "memory" else RedisLedger(
+        fleet_url(), prefix=f"t{uuid.uuid4().hex[:6]}", lease_secs=1.0)
     renewed: list[int] = []
     renew = ledger.renew
 
