@@ -34,7 +34,10 @@ def tally() -> redis.Redis:
     """This process's client of the tally Redis (a fresh one in a forked child)."""
     global _tally, _tally_pid
     if _tally is None or _tally_pid != os.getpid():
-        _tally, _tally_pid = redis.Redis.from_url(os.environ["BENCH_SCALE_TALLY_URL"]), os.getpid()
+        # Callers wait for one of a few connections: a thousand sync tools at once must not fail here.
+        pool = redis.BlockingConnectionPool.from_url(os.environ["BENCH_SCALE_TALLY_URL"], max_connections=32,
+                                                     timeout=60)
+        _tally, _tally_pid = redis.Redis(connection_pool=pool), os.getpid()
     return _tally
 
 
