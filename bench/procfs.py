@@ -1,22 +1,29 @@
-"""What /proc says of a process: its established TCP connections to a port (Redis's), and a field
-of its status. Used by ``bench_capacity.py`` and by the capacity tests."""
+"""What /proc says of a process: its established TCP connections to a port (Redis's), a field of its
+status, and its children. Used by ``bench_capacity.py``, ``bench_scale.py`` and the capacity tests."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 
-def connections_to(pid: int, port: int) -> int:
-    """The process's established TCP connections to ``port``: its sockets, matched in /proc/net."""
+def connections_to(pid: int | Iterable[int], port: int) -> int:
+    """The established TCP connections to ``port`` of a process (or of several together): their
+    sockets, matched in /proc/net."""
     inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
+    for one in [pid] if isinstance(pid, int) else pid:
         try:
-            target = os.readlink(fd)
-        except OSError:  # closed meanwhile
+            fds = list(Path(f"/proc/{one}/fd").iterdir())
+        except OSError:  # gone meanwhile
             continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
     count = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
@@ -33,3 +40,14 @@ def status(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
+
+
+def children(pid: int) -> list[int]:
+    """The process's child processes (a prefork worker's pool), as /proc lists them now."""
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:  # gone meanwhile
+        pass
+    return found

@@ -56,3 +56,22 @@ def test_import_benchmark_runs_and_writes_its_json(tmp_path: Path) -> None:
     [figures] = json.loads(out.read_text())["results"]
     assert figures["code"] == "import criogenai" and figures["runs"] == 2
     assert 0 < figures["min_ms"] <= figures["median_ms"] <= figures["max_ms"]
+
+
+@pytest.mark.parametrize("chaos", ["none", "client-kill"])
+def test_scale_benchmark_checks_every_call_of_a_tiny_fleet(chaos: str, tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    sizes = ["--workers", "2", "-c", "20", "--procs", "2", "--tasks", "2", "--turns", "2", "--calls", "10"]
+    script = str(ROOT / "bench" / "bench_scale.py")
+    argv = [sys.executable, script, *sizes, "--chaos", chaos, "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
+    env.pop("CRIOGENAI_BROKER_URL", None)
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["all_correct"] and figures["bad"] == []
+    assert figures["calls"] == figures["correct"] == 80
+    assert sum(figures["statuses"].values()) == 80 and figures["statuses"]["ok"] > 0
+    assert {p["name"] for p in figures["processes"]} >= {"w0@scale", "w1@scale", "d0.0", "d1.0"}
+    assert figures["peak_redis_clients"] > 0 and figures["calls_per_s"] > 0
+    assert bool(figures["fault"]) == (chaos != "none")
