@@ -95,6 +95,26 @@ def test_a_call_whose_worker_is_killed_runs_again_on_another_worker(worker_facto
     assert elapsed < 2.0 + 2 + 3 + 3, f"recovery took {elapsed:.1f} s"
 
 
+def test_calls_sent_again_after_their_worker_died_wait_their_turn_behind_a_long_queue(worker_factory) -> None:
+    # Given a worker running the first calls of a long turn
+    k = key()
+    first = worker_factory(pool="threads", concurrency=8)
+    calls = [ToolCall(id=f"c{i}", name="sleep_for", arguments={"seconds": 0.4, "key": f"{k}-{i}"})
+             for i in range(80)]
+    limits = Limits(max_calls_per_turn=80, max_calls_in_flight_per_turn=80, queue_wait_secs=120)
+    with make_dispatcher(limits=limits) as d, concurrent.futures.ThreadPoolExecutor(1) as ex:  # type: ignore[attr-defined]
+        turn = ex.submit(d.run_turn_sync, calls)
+        wait_for(lambda: fleet_tools.runs(f"{k}-0") == 1, what="the first calls to start")
+        # When it dies, and a smaller worker is left with the rest (about 14 s of queue)
+        first.kill(signal.SIGKILL)
+        worker_factory(pool="threads", concurrency=2)
+        results = turn.result(timeout=120)
+    # Then the calls it was running are sent again and wait their turn: a copy waiting in the
+    # queue is not a run that died again (each check took it for one: "kept dying", lost)
+    assert [r.status for r in results] == ["ok"] * 80, [(r.call_id, r.content) for r in results
+                                                       if r.status != "ok"][:3]
+
+
 def test_a_redispatched_turn_does_not_rerun_finished_calls(worker_factory, tmp_path) -> None:
     # Given an agent process that dispatched a turn and was killed with SIGKILL mid-turn
     worker_factory(pool="threads", concurrency=6)

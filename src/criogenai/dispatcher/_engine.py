@@ -91,6 +91,9 @@ class _Pending:
     started: bool = False
     suspect: tuple[float, int] | None = None
     redrives: int = 0
+    resent_at: int = 0
+    """Its start count when it was last sent again after a run that died: until the count grows,
+    the new copy waits in the queue, a call not started (not a run that died once more)."""
     cancel_by: float | None = None
     """Its run was cancelled while it ran: the worker's ``cancelled`` result is due by then."""
     also: list[_Turn] = field(default_factory=list)
@@ -473,13 +476,13 @@ class FleetEngine:
             self._end(run_id, payload, gave_no_result(name))
         elif state != "none":
             p.started, p.suspect = True, None
-        elif starts == 0:
+        elif starts == p.resent_at:  # never started, or its copy sent again waits in the queue
             self._check_unstarted(run_id, p, now, live)
         elif p.suspect is None or p.suspect[1] != starts:
             p.suspect = (now, starts)  # a run ended without a result: look once more, soon
             p.next_check, p.interval = now + CHECK_AFTER_SECS, CHECK_AFTER_SECS
         elif now - p.suspect[0] >= CHECK_AFTER_SECS * 0.9:
-            self._redrive(run_id, p, now)
+            self._redrive(run_id, p, now, starts)
 
     def _check_unstarted(self, run_id: str, p: _Pending, now: float, live: dict[str, bool]) -> None:
         payload, queue = p.send.payload, p.send.queue
@@ -499,12 +502,19 @@ class FleetEngine:
             self._resend(p, now)
             return
         no_worker = not live[queue] and now - p.published >= self.limits.no_worker_secs
-        if (now > p.queue_deadline or no_worker) and self.ledger.abandon(run_id, payload.call.id):
-            why = (
-                f"no worker is serving queue {queue!r}"
-                if no_worker
-                else f"no worker was free within {self.limits.queue_wait_secs:g} s"
-            )
+        if not (now > p.queue_deadline or no_worker):
+            return
+        why = (
+            f"no worker is serving queue {queue!r}"
+            if no_worker
+            else f"no worker was free within {self.limits.queue_wait_secs:g} s"
+        )
+        if p.resent_at:  # a run of it started, and died: it may have done part of its work
+            self.ledger.give_up(run_id, payload.call.id)
+            self._end(run_id, payload, Outcome(
+                "lost", f"Tool {payload.call.name!r} may or may not have run: its worker died, and "
+                f"{why} to run it again."))
+        elif self.ledger.abandon(run_id, payload.call.id):
             self._end(run_id, payload, not_started(payload.call.name, why))
 
     def _note_server(self) -> None:
@@ -528,7 +538,7 @@ class FleetEngine:
         log.warning("the Redis server restarted; %d call(s) in flight may be lost", len(pending))
         for (run_id, _), p in pending:
             if p.send.resend_safe:
-                self._redrive(run_id, p, now)
+                self._redrive(run_id, p, now, 0)  # the restarted server counts no starts
             else:
                 self.ledger.give_up(run_id, p.send.payload.call.id)
                 self._end(run_id, p.send.payload, Outcome(
@@ -538,10 +548,11 @@ class FleetEngine:
                     "so it was not sent again.",
                 ))
 
-    def _redrive(self, run_id: str, p: _Pending, now: float) -> None:
+    def _redrive(self, run_id: str, p: _Pending, now: float, starts: int) -> None:
+        """Send a call whose run died (``starts`` runs so far) again, within its bound of such runs."""
         payload = p.send.payload
         p.redrives += 1
-        p.suspect = None
+        p.suspect, p.resent_at = None, starts
         if p.redrives > payload.max_attempts + MAX_LOST_RUNS + 1:
             self.ledger.give_up(run_id, payload.call.id)  # the copies sent meanwhile must not run
             self._end(run_id, payload, Outcome(
