@@ -21,17 +21,7 @@ from criogenai._wire import PendingApproval, ToolResult
 from criogenai.dispatcher._validate import coerce_calls
 from criogenai.tools import InvalidArguments
 from criogenai.tools._content import to_json_text
-
-
-class Item(BaseModel):
-    name: str
-
-    @field_validator("name")
-    @classmethod
-    def _checked(cls, value: str) -> str:
-        if value == "boom":
-            raise RuntimeError("SECRET-from-the-validator")  # not a ValueError: pydantic lets it through
-        return value
+from tests.hostile_tools import Item
 
 
 @tool

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ from pydantic_core import PydanticSerializationError
 
 from .._errors import ModelError as ModelError
 from .._wire import MAX_CALL_ID_CHARS, ToolCall, ToolDefinition, ToolResult, Versioned
+from ..tools._content import replace_surrogates
 
 
 class SystemMessage(Versioned):
@@ -66,7 +66,7 @@ def utf8_safe(reply: AssistantMessage) -> AssistantMessage:
     except PydanticSerializationError:
         pass
     text = json.dumps(reply.model_dump(), ensure_ascii=False)
-    return AssistantMessage.model_validate_json(re.sub("[\ud800-\udfff]", "\ufffd", text))
+    return AssistantMessage.model_validate_json(replace_surrogates(text))
 
 
 class ToolMessage(Versioned):

@@ -44,8 +44,12 @@ from ..runner._outcomes import (
     closed_in_flight,
     ended,
     gave_no_result,
+    kept_dying,
     not_admitted,
+    not_run_again,
     not_started,
+    store_lost_in_flight,
+    unconfirmed_cancel,
 )
 from ..store import (
     Ledger,
@@ -312,11 +316,7 @@ class FleetEngine:
             self._cancel_here(run_id)
         for run_id, p in overdue:
             name = p.send.payload.call.name
-            self._end(run_id, p.send.payload, Outcome(
-                "cancelled",
-                f"Tool {name!r} was told to stop (its turn was cancelled) and did not confirm "
-                f"within {self._cancel_grace:g} s; it may still be running.",
-            ))
+            self._end(run_id, p.send.payload, unconfirmed_cancel(name, self._cancel_grace))
         for run_id, at in list(self._cancelled.items()):
             if now - at > 3600:
                 self._cancelled.pop(run_id, None)
@@ -511,9 +511,7 @@ class FleetEngine:
         )
         if p.resent_at:  # a run of it started, and died: it may have done part of its work
             self.ledger.give_up(run_id, payload.call.id)
-            self._end(run_id, payload, Outcome(
-                "lost", f"Tool {payload.call.name!r} may or may not have run: its worker died, and "
-                f"{why} to run it again."))
+            self._end(run_id, payload, not_run_again(payload.call.name, why))
         elif self.ledger.abandon(run_id, payload.call.id):
             self._end(run_id, payload, not_started(payload.call.name, why))
 
@@ -541,12 +539,7 @@ class FleetEngine:
                 self._redrive(run_id, p, now, 0)  # the restarted server counts no starts
             else:
                 self.ledger.give_up(run_id, p.send.payload.call.id)
-                self._end(run_id, p.send.payload, Outcome(
-                    "lost",
-                    f"Tool {p.send.payload.call.name!r} may or may not have run: the store lost its "
-                    "data while the call was in flight, and the tool is not read-only or idempotent, "
-                    "so it was not sent again.",
-                ))
+                self._end(run_id, p.send.payload, store_lost_in_flight(p.send.payload.call.name))
 
     def _redrive(self, run_id: str, p: _Pending, now: float, starts: int) -> None:
         """Send a call whose run died (``starts`` runs so far) again, within its bound of such runs."""
@@ -555,9 +548,7 @@ class FleetEngine:
         p.suspect, p.resent_at = None, starts
         if p.redrives > payload.max_attempts + MAX_LOST_RUNS + 1:
             self.ledger.give_up(run_id, payload.call.id)  # the copies sent meanwhile must not run
-            self._end(run_id, payload, Outcome(
-                "lost", f"Tool {payload.call.name!r} could not finish: the workers running it kept dying."
-            ))
+            self._end(run_id, payload, kept_dying(payload.call.name))
             return
         log.warning("call %s/%s lost its worker; sending it again", run_id, payload.call.id)
         p.queue_deadline = now + self.limits.queue_wait_secs

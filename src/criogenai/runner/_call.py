@@ -340,16 +340,14 @@ class CallRunner:
             claim = self.ledger.claim(run_id, call_id, token, payload.deadline)
             if claim.kind == "done" and self._evicted_forgery(run_id, call_id):
                 claim = self.ledger.claim(run_id, call_id, token, payload.deadline)
-        except StoreUnavailable as exc:
+        except BaseException as exc:
             if renewing:
                 self.leases.drop(run_id, call_id)
+            if not isinstance(exc, StoreUnavailable):
+                raise
             if not self._refused(exc):
                 self._store_errors.failed(exc)
             raise StoreAway("claim") from None
-        except BaseException:
-            if renewing:
-                self.leases.drop(run_id, call_id)
-            raise
         if renewing and claim.kind != "claimed":
             self.leases.drop(run_id, call_id)
         self._store_errors.ok()

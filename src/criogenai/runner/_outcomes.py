@@ -148,6 +148,30 @@ def gave_no_result(name: str) -> Outcome:
     return Outcome("lost", f"Tool {name!r} gave no result in time; the call may or may not have run.")
 
 
+def unconfirmed_cancel(name: str, grace_secs: float) -> Outcome:
+    """A running call told to stop whose worker did not file ``cancelled`` within the grace."""
+    return Outcome("cancelled", f"Tool {name!r} was told to stop (its turn was cancelled) and did not "
+                   f"confirm within {grace_secs:g} s; it may still be running.")
+
+
+def kept_dying(name: str) -> Outcome:
+    """A call whose runs died more often than its bound allows: given up, made unclaimable."""
+    return Outcome("lost", f"Tool {name!r} could not finish: the workers running it kept dying.")
+
+
+def not_run_again(name: str, why: str) -> Outcome:
+    """A call whose run died, sent again, that no worker took (``why``): it may have run in part."""
+    return Outcome("lost", f"Tool {name!r} may or may not have run: its worker died, and {why} to "
+                   "run it again.")
+
+
+def store_lost_in_flight(name: str) -> Outcome:
+    """A call that may not be sent twice, in flight when Redis restarted without its data."""
+    return Outcome("lost", f"Tool {name!r} may or may not have run: the store lost its data while the "
+                   "call was in flight, and the tool is not read-only or idempotent, so it was not "
+                   "sent again.")
+
+
 def closed_in_flight(name: str) -> Outcome:
     """A call in flight when its dispatcher closed: it may finish unobserved, filed under its run."""
     return Outcome(

@@ -50,6 +50,11 @@ def to_json_text(value: Any) -> str:
     return text
 
 
+def replace_surrogates(text: str) -> str:
+    """``text`` with any lone surrogate replaced by U+FFFD, as a UTF-8 decoder replaces a bad byte."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def plain(text: str) -> str:
     """``text`` with any lone surrogate written as its escape (``\\ud800``): a message or traceback
     that can be stored and sent as UTF-8."""

@@ -31,12 +31,7 @@ _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codec
 _AS_CP1252 = {"iso8859-1", "latin-1", "ascii", "cp1252"}
 
 
-DEFAULT_MAX_PDF_CONTENT_BYTES = 5_000_000
-
-
-def page(
-    fetched: Fetched, fmt: Format, max_pdf_content: int = DEFAULT_MAX_PDF_CONTENT_BYTES
-) -> dict[str, Any]:
+def page(fetched: Fetched, fmt: Format, max_pdf_content: int) -> dict[str, Any]:
     """What the model gets: the final URL, a title when there is one, the text, and whether the
     body was cut at the policy's byte cap (or a PDF's pages at ``max_pdf_content``)."""
     kind = fetched.content_type or _sniff(fetched.body)
